@@ -1,0 +1,3 @@
+from pycrid.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""The built-in plugins: registration is wiring only.
+
+Each init fetches what it needs from the context and hands it to a
+constructor that knows nothing of the registry (containerd's
+plugins/cri/cri.go pattern), so tests can build the same objects directly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pycrid.config.loader import LoadedConfig
+from pycrid.config.schema import CRIServerConfig, ImagesConfig, RuntimeConfig
+from pycrid.plugin.registry import InitContext, Registration, Registry
+
+METADATA = "pycrid.metadata.v1"
+CONTENT = "pycrid.content.v1"
+SNAPSHOTTER = "pycrid.snapshotter.v1"
+CRI = "pycrid.cri.v1"
+GRPC = "pycrid.grpc.v1"
+
+#: Config layout 1 kept the image keys in the CRI server's own section.
+_V1_CRI_SECTION = f"{GRPC}.cri"
+
+
+def _root(ctx: InitContext, name: str) -> str:
+    path = os.path.join(ctx.properties["root"], name)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+async def _init_metadata(ctx: InitContext) -> Any:
+    from pycrid.store.db import Database
+
+    return Database(os.path.join(_root(ctx, "metadata"), "pycrid.db"))
+
+
+async def _init_content(ctx: InitContext) -> Any:
+    from pycrid.images.content import ContentStore
+
+    return ContentStore(_root(ctx, "content"))
+
+
+async def _init_overlayfs(ctx: InitContext) -> Any:
+    from pycrid.images.overlay import OverlaySnapshotter
+
+    db = ctx.get_by_id(METADATA, "sqlite")
+    return OverlaySnapshotter(_root(ctx, os.path.join("snapshots", "overlayfs")), db)
+
+
+def _migrate_images(from_version: int, plugins: dict[str, Any]) -> None:
+    """Version 1 -> 2: image keys move from the CRI server's section to their own."""
+    if from_version != 1:
+        return
+    old = plugins.get(_V1_CRI_SECTION)
+    if not isinstance(old, dict):
+        return
+    new = plugins.setdefault(f"{CRI}.images", {})
+    for key in ("sandbox_image", "max_concurrent_downloads", "image_pull_progress_timeout"):
+        if key in old:
+            new.setdefault(key, old.pop(key))
+    legacy = old.get("containerd")
+    if isinstance(legacy, dict) and "snapshotter" in legacy:
+        new.setdefault("snapshotter", legacy.pop("snapshotter"))
+        if not legacy:
+            del old["containerd"]
+    reg = old.get("registry")
+    if isinstance(reg, dict):
+        new.setdefault("registry", {}).update(reg)
+        del old["registry"]
+    if not old:
+        del plugins[_V1_CRI_SECTION]
+
+
+def _migrate_runtime(from_version: int, plugins: dict[str, Any]) -> None:
+    """Version 1 -> 2: ``systemd_cgroup = true`` becomes ``cgroup_driver = "systemd"``."""
+    if from_version != 1:
+        return
+    old = plugins.get(_V1_CRI_SECTION)
+    if isinstance(old, dict) and "systemd_cgroup" in old:
+        systemd = old.pop("systemd_cgroup")
+        plugins.setdefault(f"{CRI}.runtime", {}).setdefault(
+            "cgroup_driver", "systemd" if systemd is True else "cgroupfs")
+        if not old:
+            del plugins[_V1_CRI_SECTION]
+
+
+async def _init_images(ctx: InitContext) -> Any:
+    from pycrid.images.hosts import RegistryHosts
+    from pycrid.images.registry import RegistryClient
+    from pycrid.images.service import ImageService
+    from pycrid.store.images import ImageStore
+
+    config: ImagesConfig = ctx.config
+    db = ctx.get_by_id(METADATA, "sqlite")
+    client = RegistryClient(RegistryHosts(config.registry.config_path or None))
+    return ImageService(
+        store=ImageStore(db),
+        content=ctx.get_by_id(CONTENT, "content"),
+        snapshotter=ctx.get_by_id(SNAPSHOTTER, config.snapshotter),
+        client=client,
+        config=config,
+        mount_dir=os.path.join(ctx.properties["state"], "mounts", "unpack"),
+    )
+
+
+async def _init_runtime(ctx: InitContext) -> Any:
+    # Holds the runtime config until pods and containers arrive.
+    return ctx.config
+
+
+async def _init_cri(ctx: InitContext) -> Any:
+    from pycrid.cri.plugin import CRIPlugin
+
+    loaded: LoadedConfig = ctx.properties["loaded_config"]
+    return CRIPlugin(
+        images=ctx.get_by_id(CRI, "images"),
+        runtime_config=ctx.get_by_id(CRI, "runtime"),
+        server_config=ctx.config,
+        config=loaded.config,
+        warnings=loaded.warnings,
+        ready=ctx.register_readiness(),
+    )
+
+
+def registry() -> Registry:
+    reg = Registry()
+    reg.register(Registration(type=METADATA, id="sqlite", init=_init_metadata))
+    reg.register(Registration(type=CONTENT, id="content", init=_init_content))
+    reg.register(Registration(type=SNAPSHOTTER, id="overlayfs", requires=(METADATA,),
+                              init=_init_overlayfs))
+    reg.register(Registration(type=CRI, id="images", requires=(METADATA, CONTENT, SNAPSHOTTER),
+                              config=ImagesConfig, migrate=_migrate_images, init=_init_images))
+    reg.register(Registration(type=CRI, id="runtime", config=RuntimeConfig,
+                              migrate=_migrate_runtime, init=_init_runtime))
+    reg.register(Registration(type=GRPC, id="cri", requires=(CRI,), config=CRIServerConfig,
+                              init=_init_cri))
+    return reg

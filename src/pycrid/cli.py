@@ -1,0 +1,88 @@
+"""The ``pycrid`` command: ``serve``, ``config default``, ``config migrate``, ``version``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+
+from pycrid import __version__
+from pycrid.errors import PycridError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pycrid", description="A Kubernetes CRI runtime.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config", "-c", help="config file (default /etc/pycrid/config.toml "
+                       "if it exists, else the embedded defaults)")
+    serve.add_argument("--root", help="persistent data directory (config: root)")
+    serve.add_argument("--state", help="runtime state directory (config: state)")
+    serve.add_argument("--address", "-a", help="CRI socket path (config: [grpc] address)")
+    serve.add_argument("--log-level", "-l", choices=["debug", "info", "warning", "error"],
+                       help="config: [debug] level")
+    serve.add_argument("--log-format", choices=["text", "json"], help="config: [debug] format")
+
+    config = sub.add_parser("config", help="show or upgrade configuration")
+    csub = config.add_subparsers(dest="config_command", required=True)
+    csub.add_parser("default", help="print every key with its default")
+    migrate = csub.add_parser("migrate", help="print the config upgraded to the current version")
+    migrate.add_argument("--config", "-c", required=True, help="the config file to upgrade")
+
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from pycrid import log as logsetup
+    from pycrid.builtins import registry
+    from pycrid.config.decode import ConfigError
+    from pycrid.config.loader import default_config_path, load
+    from pycrid.daemon import serve
+
+    try:
+        loaded = load(default_config_path(args.config), registry().registrations())
+    except ConfigError as e:
+        print(f"pycrid: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    cfg = loaded.config
+    if args.root:
+        cfg.root = args.root
+    if args.state:
+        cfg.state = args.state
+    if args.address:
+        cfg.grpc = dataclasses.replace(cfg.grpc, address=args.address)
+    logsetup.setup(args.log_level or cfg.debug.level, args.log_format or cfg.debug.format)
+    try:
+        asyncio.run(serve(loaded))
+    except PycridError as e:
+        logging.getLogger("pycrid").error("%s", e)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "version":
+        print(f"pycrid {__version__}")
+        return 0
+    if args.command == "serve":
+        return _serve(args)
+    from pycrid.builtins import registry
+    from pycrid.config.decode import ConfigError
+    from pycrid.config.loader import migrate, read_toml, render_default, render_raw
+
+    regs = registry().registrations()
+    if args.config_command == "default":
+        sys.stdout.write(render_default(regs))
+        return 0
+    try:
+        raw, _ = migrate(read_toml(args.config), regs)
+    except ConfigError as e:
+        print(f"pycrid: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_raw(raw))
+    return 0

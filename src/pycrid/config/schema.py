@@ -1,0 +1,115 @@
+"""Every config key pycrid knows, with its default and the comment ``config default`` prints.
+
+Key names follow containerd's where the concept is the same (``root``,
+``state``, ``[grpc] address``, ``disable_tcp_service``, ``sandbox_image``,
+``snapshotter``, ``max_concurrent_downloads``, ``[registry] config_path``),
+so an operator's containerd knowledge carries over.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycrid.config.decode import Duration, at_least, cfg, one_of
+
+#: The config layout this pycrid writes and reads natively.
+CURRENT_VERSION = 2
+DEFAULT_CONFIG_PATH = "/etc/pycrid/config.toml"
+
+
+def _abs_path(v: Any) -> str | None:
+    return None if os.path.isabs(v) else "must be an absolute path"
+
+
+def _abs_or_empty(v: Any) -> str | None:
+    return None if v == "" or os.path.isabs(v) else "must be an absolute path or empty"
+
+
+def _grpc_address(v: Any) -> str | None:
+    path = v[len("unix://"):] if v.startswith("unix://") else v
+    return None if os.path.isabs(path) else "must be an absolute unix socket path"
+
+
+@dataclass
+class GrpcConfig:
+    address: str = cfg("/run/pycrid/pycrid.sock", "The CRI socket (unix).", _grpc_address)
+    tcp_address: str = cfg(
+        "", "TCP address (host:port) of the optional CRI TCP listener; used only when the CRI\n"
+        "plugin's disable_tcp_service is false.")
+    tcp_tls_cert: str = cfg("", "TLS certificate for the TCP listener (empty: plain TCP).",
+                            _abs_or_empty)
+    tcp_tls_key: str = cfg("", "TLS key for the TCP listener.", _abs_or_empty)
+    tcp_tls_ca: str = cfg("", "CA that client certificates must chain to (empty: no client auth).",
+                          _abs_or_empty)
+    uid: int = cfg(0, "Owner uid of the CRI socket.", at_least(0))
+    gid: int = cfg(0, "Owner gid of the CRI socket.", at_least(0))
+    max_recv_message_size: int = cfg(16 * 1024 * 1024, "Largest gRPC request, in bytes.",
+                                     at_least(4096))
+    max_send_message_size: int = cfg(16 * 1024 * 1024, "Largest gRPC response, in bytes.",
+                                     at_least(4096))
+
+
+@dataclass
+class DebugConfig:
+    level: str = cfg("info", "Log level.", one_of("debug", "info", "warning", "error"))
+    format: str = cfg("text", "Log format on stderr.", one_of("text", "json"))
+
+
+@dataclass
+class Config:
+    """The top level of config.toml (plugin sections are decoded per plugin)."""
+
+    version: int = cfg(CURRENT_VERSION, "Config layout version.")
+    root: str = cfg("/var/lib/pycrid", "Persistent data: metadata, content, snapshots.", _abs_path)
+    state: str = cfg("/run/pycrid", "Runtime state: sockets and mounts; gone after a reboot.",
+                     _abs_path)
+    disabled_plugins: list[str] = cfg([], "Plugins (type.id) not to load.")
+    grpc: GrpcConfig = cfg(GrpcConfig(), "The CRI gRPC server.")
+    debug: DebugConfig = cfg(DebugConfig(), "Logging.")
+    plugins: dict[str, Any] = field(default_factory=dict)
+
+
+# --- plugin sections -------------------------------------------------------------------------
+
+
+@dataclass
+class RegistryConfig:
+    config_path: str = cfg(
+        "/etc/pycrid/certs.d",
+        "Directory of per-registry hosts.toml files (containerd's format): mirrors,\n"
+        "plain-http registries, CA and client certificates. Empty: defaults only.",
+        _abs_or_empty)
+
+
+@dataclass
+class ImagesConfig:
+    """``[plugins."pycrid.cri.v1.images"]``."""
+
+    snapshotter: str = cfg("overlayfs", "Snapshotter that image layers are unpacked into.",
+                           one_of("overlayfs"))
+    sandbox_image: str = cfg("registry.k8s.io/pause:3.10",
+                             "Image of the pod sandbox (pause) container; always pinned.")
+    max_concurrent_downloads: int = cfg(3, "Layers downloaded at once, per pull.", at_least(1))
+    image_pull_progress_timeout: Duration = cfg(
+        Duration(300), "A pull with no bytes received for this long is cancelled (0: never).")
+    allow_device_nodes: bool = cfg(
+        False, "Create device nodes found in image layers (refused by default: the\n"
+        "container's /dev comes from the runtime, and a node in a layer is a way out).")
+    registry: RegistryConfig = cfg(RegistryConfig(), "Registry access.")
+
+
+@dataclass
+class RuntimeConfig:
+    """``[plugins."pycrid.cri.v1.runtime"]``."""
+
+    cgroup_driver: str = cfg("cgroupfs", "cgroup driver reported to the kubelet (RuntimeConfig).",
+                             one_of("cgroupfs", "systemd"))
+
+
+@dataclass
+class CRIServerConfig:
+    """``[plugins."pycrid.grpc.v1.cri"]``."""
+
+    disable_tcp_service: bool = cfg(True, "Do not serve CRI on [grpc] tcp_address.")

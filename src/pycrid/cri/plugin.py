@@ -1,0 +1,56 @@
+"""The CRI gRPC plugin: builds the core and its servicers, gates calls until start-up is done."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+from pycrid.config.schema import Config, CRIServerConfig, RuntimeConfig
+from pycrid.core.service import CRIService
+from pycrid.cri.images import ImageServicer
+from pycrid.cri.instrument import Gate, instrumented_servicer
+from pycrid.cri.runtime import RuntimeServicer
+from pycrid.images.service import ImageService
+
+log = logging.getLogger(__name__)
+
+
+class CRIPlugin:
+    def __init__(
+        self,
+        *,
+        images: ImageService,
+        runtime_config: RuntimeConfig,
+        server_config: CRIServerConfig,
+        config: Config,
+        warnings: list[str],
+        ready: Callable[[], None],
+    ) -> None:
+        self.server_config = server_config
+        self.core = CRIService(images=images, runtime_config=runtime_config, config=config,
+                               warnings=warnings)
+        self.gate = Gate()
+        self._ready = ready
+
+    def register(self, server: grpc.aio.Server) -> None:
+        services = pb.DESCRIPTOR.services_by_name
+        pb_grpc.add_RuntimeServiceServicer_to_server(
+            instrumented_servicer(services["RuntimeService"], RuntimeServicer(self.core),
+                                  self.gate), server)
+        pb_grpc.add_ImageServiceServicer_to_server(
+            instrumented_servicer(services["ImageService"], ImageServicer(self.core), self.gate),
+            server)
+
+    async def start(self) -> None:
+        """Recover, then open the gate: until here every call answered UNAVAILABLE."""
+        await self.core.images.recover()
+        self.gate.ready = True
+        self._ready()
+
+    async def close(self) -> None:
+        self.gate.ready = False
+        await self.core.images.close()

@@ -1,0 +1,152 @@
+"""The daemon: plugins initialised in order, the CRI socket served, a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+import grpc
+
+from pycrid import __version__
+from pycrid.builtins import GRPC, registry
+from pycrid.config.loader import LoadedConfig
+from pycrid.errors import FailedPrecondition
+from pycrid.plugin.registry import init_all
+
+log = logging.getLogger("pycrid")
+
+
+def socket_path(address: str) -> str:
+    return address[len("unix://"):] if address.startswith("unix://") else address
+
+
+class SocketLock:
+    """Holds ``<socket>.lock`` for the daemon's lifetime, so a second daemon is refused.
+
+    With the lock held, a socket file left by a daemon that died is stale and is replaced.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path), mode=0o711, exist_ok=True)
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise FailedPrecondition(
+                    f"another pycrid is already serving {self.path} (lock {self.path}.lock is "
+                    "held); stop it first or choose another --address") from None
+            raise
+        self._fd = fd
+        if os.path.exists(self.path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+            except OSError:
+                log.info("replacing stale socket %s", self.path)
+                os.unlink(self.path)
+            else:
+                raise FailedPrecondition(
+                    f"{self.path} is served by another process (not a pycrid holding the "
+                    "lock); refusing to replace it")
+            finally:
+                probe.close()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _tcp_credentials(cfg: Any) -> grpc.ServerCredentials | None:
+    if not cfg.tcp_tls_cert:
+        return None
+    with open(cfg.tcp_tls_cert, "rb") as f:
+        cert = f.read()
+    with open(cfg.tcp_tls_key, "rb") as f:
+        key = f.read()
+    ca = None
+    if cfg.tcp_tls_ca:
+        with open(cfg.tcp_tls_ca, "rb") as f:
+            ca = f.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                       require_client_auth=ca is not None)
+
+
+async def serve(loaded: LoadedConfig) -> None:
+    """Run until SIGTERM/SIGINT."""
+    cfg = loaded.config
+    for w in loaded.warnings:
+        log.warning("config: %s", w)
+    os.makedirs(cfg.root, mode=0o700, exist_ok=True)
+    os.makedirs(cfg.state, mode=0o711, exist_ok=True)
+    path = socket_path(cfg.grpc.address)
+    lock = SocketLock(path)
+    lock.acquire()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    plugins = None
+    server: grpc.aio.Server | None = None
+    try:
+        plugins = await init_all(
+            registry(), configs=loaded.plugins, disabled=cfg.disabled_plugins,
+            properties={"root": cfg.root, "state": cfg.state, "loaded_config": loaded})
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", cfg.grpc.max_recv_message_size),
+            ("grpc.max_send_message_length", cfg.grpc.max_send_message_size),
+        ])
+        services = plugins.get_by_type(GRPC)
+        for svc in services.values():
+            svc.register(server)
+        old_umask = os.umask(0o117)  # the socket is born 0660
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o660)
+        os.chown(path, cfg.grpc.uid, cfg.grpc.gid)
+        cri_cfg = loaded.plugins.get(f"{GRPC}.cri")
+        if cri_cfg is not None and not cri_cfg.disable_tcp_service:
+            if not cfg.grpc.tcp_address:
+                raise FailedPrecondition(
+                    "disable_tcp_service is false but [grpc] tcp_address is empty")
+            creds = _tcp_credentials(cfg.grpc)
+            if creds is None:
+                server.add_insecure_port(cfg.grpc.tcp_address)
+            else:
+                server.add_secure_port(cfg.grpc.tcp_address, creds)
+            log.info("serving CRI on tcp %s (%s)", cfg.grpc.tcp_address,
+                     "TLS" if creds else "plain")
+        await server.start()
+        log.info("pycrid %s serving CRI on %s", __version__, path)
+        for svc in services.values():
+            await svc.start()
+        await plugins.wait_ready()
+        log.info("pycrid is ready")
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        if server is not None:
+            await server.stop(grace=5)
+        if plugins is not None:
+            await plugins.close()
+        lock.release()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info("stopped")

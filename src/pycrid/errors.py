@@ -1,0 +1,68 @@
+"""Error kinds shared by every layer.
+
+Code raises one of these with a message a person understands; only the gRPC
+edge (``pycrid.cri.instrument``) turns the kind into a status code, the way
+containerd's errdefs are mapped in one place.
+"""
+
+from __future__ import annotations
+
+
+class PycridError(Exception):
+    """Base of all error kinds; ``kind`` names the gRPC code it maps to."""
+
+    kind = "UNKNOWN"
+
+
+class NotFound(PycridError):
+    kind = "NOT_FOUND"
+
+
+class AlreadyExists(PycridError):
+    kind = "ALREADY_EXISTS"
+
+
+class InvalidArgument(PycridError):
+    kind = "INVALID_ARGUMENT"
+
+
+class FailedPrecondition(PycridError):
+    kind = "FAILED_PRECONDITION"
+
+
+class Unavailable(PycridError):
+    kind = "UNAVAILABLE"
+
+
+class DeadlineExceeded(PycridError):
+    kind = "DEADLINE_EXCEEDED"
+
+
+class Unauthenticated(PycridError):
+    kind = "UNAUTHENTICATED"
+
+
+class PermissionDenied(PycridError):
+    kind = "PERMISSION_DENIED"
+
+
+class ResourceExhausted(PycridError):
+    kind = "RESOURCE_EXHAUSTED"
+
+
+class DataLoss(PycridError):
+    """Content that fails verification: wrong digest, corrupt archive, short read."""
+
+    kind = "DATA_LOSS"
+
+
+class Unimplemented(PycridError):
+    kind = "UNIMPLEMENTED"
+
+
+class Aborted(PycridError):
+    kind = "ABORTED"
+
+
+class Internal(PycridError):
+    kind = "INTERNAL"

@@ -1,0 +1,377 @@
+"""The image service: pull, list, status, remove, and the garbage collection behind remove.
+
+This is the core of the CRI ImageService; the gRPC edge only translates. A pull
+resolves the reference (one manifest request), stops there when that target is
+already present, and otherwise fetches the manifest (choosing this platform in
+an index), the config and the layers: layers download concurrently (bounded by
+``max_concurrent_downloads``) while they are unpacked in order into snapshots
+keyed by chain id, so images sharing layers share both content and snapshots.
+Everything a pull in flight has touched is leased, so the garbage collector of
+a concurrent remove or a failed pull never takes it away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pycrid.config.schema import ImagesConfig
+from pycrid.errors import DataLoss, InvalidArgument, NotFound
+from pycrid.images import manifest as mf
+from pycrid.images.auth import Credentials
+from pycrid.images.content import ContentStore
+from pycrid.images.oci import INDEX_TYPES, Descriptor, Platform, host_platform
+from pycrid.images.overlay import OverlaySnapshotter
+from pycrid.images.reference import Reference, parse_reference
+from pycrid.images.registry import RegistryClient
+from pycrid.images.snapshots import Kind
+from pycrid.images.unpack import unpack_layer
+from pycrid.store.images import ImageRecord, ImageStore
+
+log = logging.getLogger(__name__)
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """The OCI chain id of each layer prefix: what snapshots are keyed by."""
+    out: list[str] = []
+    for d in diff_ids:
+        out.append(d if not out else
+                   "sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
+    return out
+
+
+@dataclass(frozen=True)
+class ImageView:
+    """What the CRI reports of an image."""
+
+    record: ImageRecord
+    repo_tags: list[str]
+    repo_digests: list[str]
+    pinned: bool
+    uid: int | None
+    username: str
+
+
+class _Leases:
+    """Content digests and snapshot keys in use by pulls in flight (counted)."""
+
+    def __init__(self) -> None:
+        self.content: collections.Counter[str] = collections.Counter()
+        self.snapshots: collections.Counter[str] = collections.Counter()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[tuple[set[str], set[str]]]:
+        content: set[str] = set()
+        snaps: set[str] = set()
+        try:
+            yield content, snaps
+        finally:
+            self.content.subtract(content)
+            self.snapshots.subtract(snaps)
+            self.content += collections.Counter()  # drop zero counts
+            self.snapshots += collections.Counter()
+
+    def add(self, held: tuple[set[str], set[str]], *, content: str = "", snapshot: str = "") -> None:
+        if content and content not in held[0]:
+            held[0].add(content)
+            self.content[content] += 1
+        if snapshot and snapshot not in held[1]:
+            held[1].add(snapshot)
+            self.snapshots[snapshot] += 1
+
+
+def user_of(user: str) -> tuple[int | None, str]:
+    """The CRI's uid/username from an image's ``User`` (``uid``, ``uid:gid``, ``name``...)."""
+    u = user.split(":", 1)[0]
+    if not u:
+        return None, ""
+    if u.isdigit():
+        return int(u), ""
+    return None, u
+
+
+class ImageService:
+    def __init__(
+        self,
+        *,
+        store: ImageStore,
+        content: ContentStore,
+        snapshotter: OverlaySnapshotter,
+        client: RegistryClient,
+        config: ImagesConfig,
+        mount_dir: str,
+        platform: Platform | None = None,
+    ) -> None:
+        self.store = store
+        self.content = content
+        self.snapshotter = snapshotter
+        self.client = client
+        self.config = config
+        self.mount_dir = mount_dir
+        self.platform = platform or host_platform()
+        self._sandbox_ref = parse_reference(config.sandbox_image)
+        self._leases = _Leases()
+        self._chain_locks: dict[str, asyncio.Lock] = {}
+        self._gc_lock = asyncio.Lock()
+        self._usage: dict[str, tuple[int, int]] = {}
+        os.makedirs(mount_dir, mode=0o700, exist_ok=True)
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def resolve_local(self, ref_or_id: str) -> ImageRecord | None:
+        """Find an image by id (full or ``sha256:`` prefix), or by any reference to it."""
+        s = ref_or_id.strip()
+        if not s:
+            raise InvalidArgument("image reference is empty")
+        if s.startswith("sha256:") or (len(s) >= 12 and all(c in "0123456789abcdef" for c in s)):
+            full = s if s.startswith("sha256:") else "sha256:" + s
+            img = self.store.get(full)
+            if img is not None:
+                return img
+            if len(full) < 64 + 7:
+                found = self.store.by_id_prefix(full)
+                if len(found) == 1:
+                    return found[0]
+            if s.startswith("sha256:"):
+                return None
+        ref = parse_reference(s)
+        return self.store.by_name(str(ref))
+
+    def view(self, rec: ImageRecord) -> ImageView:
+        tags = sorted(n for n in rec.names if "@" not in n)
+        digests = sorted(n for n in rec.names if "@" in n)
+        uid, username = user_of(rec.user)
+        sandbox = self.store.by_name(str(self._sandbox_ref))
+        return ImageView(
+            record=rec, repo_tags=tags, repo_digests=digests,
+            pinned=sandbox is not None and sandbox.id == rec.id,
+            uid=uid, username=username,
+        )
+
+    def list(self, filter_ref: str = "") -> list[ImageView]:
+        if filter_ref:
+            rec = self.resolve_local(filter_ref)
+            return [self.view(rec)] if rec else []
+        return [self.view(r) for r in self.store.list()]
+
+    def status(self, ref_or_id: str) -> ImageView | None:
+        rec = self.resolve_local(ref_or_id)
+        return self.view(rec) if rec else None
+
+    def verbose_info(self, rec: ImageRecord) -> dict[str, Any]:
+        """ImageStatus verbose info: the image config and where it lives (containerd's shape)."""
+        try:
+            config = json.loads(self.content.read(rec.id))
+        except (NotFound, ValueError):
+            config = None
+        return {
+            "imageSpec": config,
+            "chainID": rec.chain[-1] if rec.chain else "",
+            "manifestDigest": rec.manifest,
+            "target": rec.target,
+            "snapshotter": self.snapshotter.name,
+        }
+
+    async def fs_usage(self) -> tuple[int, int, str]:
+        """(bytes, inodes, mountpoint) of the image filesystem, for ImageFsInfo."""
+        u = await asyncio.to_thread(self.snapshotter.fs_usage)
+        return u.size, u.inodes, self.snapshotter.root
+
+    # ---- lifetime ------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Start-up: drop what a crash left half-done (ingests, unpack mounts, orphans)."""
+        leftovers = self.content.cleanup()
+        leftovers += await asyncio.to_thread(self.snapshotter.cleanup)
+        blobs, snaps = await self.gc()
+        if leftovers or blobs or snaps:
+            log.info("image store recovered: removed %d leftovers, %d unreferenced blobs, "
+                     "%d unreferenced snapshots", len(leftovers), blobs, snaps)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # ---- pull ----------------------------------------------------------------------------
+
+    async def pull(self, image: str, creds: Credentials | None) -> ImageRecord:
+        ref = parse_reference(image)
+        if ref.digest is not None:
+            have = self.store.by_name(f"{ref.name}@{ref.digest}")
+            if have is not None:
+                # Content addressed and present: nothing to ask the registry.
+                return self.store.put(have, {str(ref)} if ref.tag else set())
+        try:
+            with self._leases.hold() as held:
+                desc = await self.client.resolve(ref, creds)
+                existing = self.store.by_target(desc.digest)
+                if existing is not None and self._complete(existing):
+                    return self.store.put(existing, self._names_for(ref, desc.digest))
+                rec = await self._fetch_and_unpack(ref, desc, creds, held)
+                return self.store.put(rec, self._names_for(ref, desc.digest))
+        except BaseException:
+            # The lease is released: verified blobs and snapshots of this failed pull are
+            # garbage now, unless another image or pull holds them.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.gc())
+            raise
+
+    def _names_for(self, ref: Reference, target: str) -> set[str]:
+        names = {f"{ref.name}@{target}"}
+        if ref.tag:
+            names.add(f"{ref.name}:{ref.tag}")
+        return names
+
+    def _complete(self, rec: ImageRecord) -> bool:
+        if not all(self.content.exists(d) for d in (rec.manifest, rec.id)):
+            return False
+        try:
+            self.snapshotter.stat(rec.chain[-1])
+        except NotFound:
+            return False
+        return True
+
+    async def _blob(
+        self, ref: Reference, desc: Descriptor, creds: Credentials | None,
+        held: tuple[set[str], set[str]], what: str, limit: int = 4 << 20,
+    ) -> bytes:
+        """A small blob (manifest, index, config): from the store, else fetched and stored."""
+        self._leases.add(held, content=desc.digest)
+        if desc.size > limit:
+            raise DataLoss(f"{what} {desc.digest} of {ref} is {desc.size} bytes; limit {limit}")
+        if self.content.exists(desc.digest):
+            return self.content.read(desc.digest)
+        if what == "config":
+            data = b""
+            async with self.client.fetch_blob(ref, desc, creds) as chunks:
+                async for chunk in chunks:
+                    data += chunk
+                    if len(data) > desc.size:
+                        break
+        else:
+            data = await self.client.fetch_manifest(ref, desc, creds)
+        self.content.write(desc.digest, data)
+        return data
+
+    async def _fetch_and_unpack(
+        self, ref: Reference, target: Descriptor, creds: Credentials | None,
+        held: tuple[set[str], set[str]],
+    ) -> ImageRecord:
+        desc = target
+        data = await self._blob(ref, desc, creds, held, "manifest")
+        media_type = mf.detect_media_type(data, desc.media_type)
+        if media_type in INDEX_TYPES:
+            desc = mf.select_platform(mf.parse_index(data), self.platform, str(ref))
+            data = await self._blob(ref, desc, creds, held, "manifest")
+        manifest = mf.parse_manifest(data)
+        config_bytes = await self._blob(ref, manifest.config, creds, held, "config")
+        config = mf.parse_image_config(config_bytes)
+        if len(config.diff_ids) != len(manifest.layers):
+            raise DataLoss(
+                f"image {ref}: manifest lists {len(manifest.layers)} layers but its config "
+                f"has {len(config.diff_ids)} diff ids")
+        chain = chain_ids(config.diff_ids)
+        for c in chain:
+            self._leases.add(held, snapshot=c)
+        for layer in manifest.layers:
+            self._leases.add(held, content=layer.digest)
+        sem = asyncio.Semaphore(self.config.max_concurrent_downloads)
+
+        async def download(layer: Descriptor) -> None:
+            async with sem:
+                def opener() -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+                    return self.client.fetch_blob(ref, layer, creds)
+
+                await self.content.ingest(
+                    layer.digest, layer.size, opener,
+                    progress_timeout=float(self.config.image_pull_progress_timeout))
+
+        async with asyncio.TaskGroup() as tg:
+            downloads = []
+            for i, layer in enumerate(manifest.layers):
+                if self._has_snapshot(chain[i]):
+                    downloads.append(None)  # unpacked already: the blob is not needed again
+                    continue
+                downloads.append(tg.create_task(download(layer)))
+            # Unpack in order while later layers are still downloading.
+            for i, layer in enumerate(manifest.layers):
+                task = downloads[i]
+                if task is None:
+                    continue
+                await task
+                await self._unpack(layer, config.diff_ids[i], chain[i],
+                                   chain[i - 1] if i else None)
+        size = (manifest.config.size + len(data) + sum(l.size for l in manifest.layers))
+        return ImageRecord(
+            id=manifest.config.digest, target=target.digest, manifest=desc.digest,
+            layers=tuple(l.digest for l in manifest.layers), chain=tuple(chain),
+            size=size, user=config.user, created_at=time.time(),
+        )
+
+    def _has_snapshot(self, key: str) -> bool:
+        try:
+            return self.snapshotter.stat(key).kind is Kind.COMMITTED
+        except NotFound:
+            return False
+
+    async def _unpack(self, layer: Descriptor, diff_id: str, chain_id: str,
+                      parent: str | None) -> None:
+        lock = self._chain_locks.setdefault(chain_id, asyncio.Lock())
+        async with lock:
+            if self._has_snapshot(chain_id):
+                return
+            await asyncio.to_thread(
+                unpack_layer, self.snapshotter, blob_path=self.content.path(layer.digest),
+                media_type=layer.media_type, diff_id=diff_id, chain_id=chain_id, parent=parent,
+                allow_device_nodes=self.config.allow_device_nodes, mount_dir=self.mount_dir)
+        if not lock.locked():
+            self._chain_locks.pop(chain_id, None)
+
+    # ---- remove and garbage collection ----------------------------------------------------
+
+    async def remove(self, ref_or_id: str) -> bool:
+        """Remove an image and every name it has; False when there was no such image."""
+        rec = self.resolve_local(ref_or_id)
+        if rec is None:
+            return False
+        self.store.delete(rec.id)
+        await self.gc()
+        return True
+
+    async def gc(self) -> tuple[int, int]:
+        """Delete content and snapshots no image and no pull in flight refers to.
+
+        Returns (blobs removed, snapshots removed).
+        """
+        async with self._gc_lock:
+            keep_content: set[str] = set(+self._leases.content)
+            keep_snaps: set[str] = set(+self._leases.snapshots)
+            for img in self.store.list():
+                keep_content |= img.content()
+                keep_snaps |= set(img.chain)
+            return await asyncio.to_thread(self._sweep, keep_content, keep_snaps)
+
+    def _sweep(self, keep_content: set[str], keep_snaps: set[str]) -> tuple[int, int]:
+        blobs = 0
+        for digest in self.content.list() - keep_content:
+            self.content.delete(digest)
+            blobs += 1
+        snaps = 0
+        # Children before parents: repeat while something was removed.
+        while True:
+            infos = [i for i in self.snapshotter.list() if i.kind is Kind.COMMITTED]
+            parents = {i.parent for i in self.snapshotter.list() if i.parent}
+            doomed = [i.key for i in infos if i.key not in keep_snaps and i.key not in parents]
+            if not doomed:
+                return blobs, snaps
+            for key in doomed:
+                self.snapshotter.remove(key)
+                snaps += 1

@@ -1,0 +1,136 @@
+"""Run ``pycrid serve`` as a real subprocess on a temporary root and talk CRI to it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+
+class CRIClient:
+    """A synchronous CRI client over the daemon's real socket."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(f"unix://{address}")
+        self.runtime = pb_grpc.RuntimeServiceStub(self.channel)
+        self.images = pb_grpc.ImageServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def pull(self, image: str, auth: Any = None, timeout: float = 120) -> str:
+        req = pb.PullImageRequest(image=pb.ImageSpec(image=image))
+        if auth is not None:
+            req.auth.CopyFrom(auth)
+        return str(self.images.PullImage(req, timeout=timeout).image_ref)
+
+    def status(self, image: str, verbose: bool = False) -> Any:
+        return self.images.ImageStatus(
+            pb.ImageStatusRequest(image=pb.ImageSpec(image=image), verbose=verbose), timeout=30)
+
+    def list(self, filter_image: str = "") -> list[Any]:
+        req = pb.ListImagesRequest()
+        if filter_image:
+            req.filter.image.image = filter_image
+        return list(self.images.ListImages(req, timeout=30).images)
+
+    def remove(self, image: str) -> None:
+        self.images.RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=image)), timeout=60)
+
+
+@dataclass
+class Daemon:
+    root: str
+    state: str
+    address: str
+    log_path: str
+    proc: subprocess.Popen[bytes]
+    client: CRIClient
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"pycrid did not stop on SIGTERM:\n{self.log()[-4000:]}")
+        return self.proc.returncode
+
+
+def serve_command(config: str | None, root: str, state: str, address: str,
+                  *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "pycrid", "serve", "--root", root, "--state", state,
+           "--address", address, "--log-level", "debug"]
+    if config:
+        cmd += ["--config", config]
+    return cmd + list(extra)
+
+
+def wait_ready(daemon: Daemon, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if daemon.proc.poll() is not None:
+            raise AssertionError(
+                f"pycrid exited with {daemon.proc.returncode}:\n{daemon.log()[-4000:]}")
+        if os.path.exists(daemon.address):
+            try:
+                daemon.client.runtime.Version(pb.VersionRequest(), timeout=2)
+                return
+            except grpc.RpcError as e:
+                last = e
+        time.sleep(0.05)
+    raise AssertionError(f"pycrid not ready after {timeout}s ({last}):\n{daemon.log()[-4000:]}")
+
+
+@contextlib.contextmanager
+def running_daemon(base: str, config_text: str | None = None, *extra: str) -> Iterator[Daemon]:
+    """Start pycrid under ``base`` (root, state, socket, log inside it); stop it after."""
+    root, state = os.path.join(base, "root"), os.path.join(base, "state")
+    address = os.path.join(state, "pycrid.sock")
+    config = None
+    if config_text is not None:
+        config = os.path.join(base, "config.toml")
+        with open(config, "w") as f:
+            f.write(config_text)
+    log_path = os.path.join(base, "pycrid.log")
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(serve_command(config, root, state, address, *extra),
+                                stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+    d = Daemon(root=root, state=state, address=address, log_path=log_path, proc=proc,
+               client=CRIClient(address))
+    try:
+        wait_ready(d)
+        yield d
+    finally:
+        d.stop()
+
+
+def mounts_under(path: str) -> list[str]:
+    """Mount points at or below ``path`` (for leak checks)."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp == path or mp.startswith(path.rstrip("/") + "/"):
+                out.append(mp)
+    return out
