@@ -72,7 +72,8 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError(f"pycrid did not stop on SIGTERM:\n{self.log()[-4000:]}")
+                raise AssertionError(
+                    f"pycrid did not stop on SIGTERM:\n{self.log()[-4000:]}") from None
         return self.proc.returncode
 
 

@@ -53,8 +53,9 @@ def emit_table(obj: Any, prefix: str = "") -> str:
     lines: list[str] = []
     subtables: list[tuple[str, Any, str]] = []
     for key, value, comment in _items(obj):
-        if _is_table(value) and (dataclasses.is_dataclass(value) or _has_table(value) or prefix == ""
-                                 or not value):
+        if _is_table(value) and (
+            dataclasses.is_dataclass(value) or _has_table(value) or prefix == "" or not value
+        ):
             subtables.append((key, value, comment))
             continue
         if comment:

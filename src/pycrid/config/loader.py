@@ -38,7 +38,9 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError("(file)", f"cannot read {path}: {e.strerror}") from None
 
 
-def migrate(raw: dict[str, Any], registrations: Iterable[Registration]) -> tuple[dict[str, Any], int]:
+def migrate(
+    raw: dict[str, Any], registrations: Iterable[Registration]
+) -> tuple[dict[str, Any], int]:
     """Upgrade ``raw`` to CURRENT_VERSION in a copy; returns it and the version it came from."""
     version = raw.get("version", CURRENT_VERSION)
     if isinstance(version, bool) or not isinstance(version, int):
@@ -83,12 +85,12 @@ def load(path: str | None, registrations: Iterable[Registration]) -> LoadedConfi
     sections: dict[str, Any] = raw.get("plugins", {})
     by_uri = {r.uri: r for r in regs}
     plugins: dict[str, Any] = {}
-    for name, section in sections.items():
+    for name, _section in sections.items():
         if name not in by_uri:
             warnings.append(f"unknown config section plugins.\"{name}\" (no such plugin; ignored)")
     for uri, reg in by_uri.items():
         if reg.config is None:
-            if uri in sections and sections[uri]:
+            if sections.get(uri):
                 warnings.append(f"plugin {uri} takes no config; plugins.\"{uri}\" ignored")
             continue
         obj, unknown = decode(reg.config, sections.get(uri, {}), key_join("plugins", uri))

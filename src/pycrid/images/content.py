@@ -144,7 +144,10 @@ class ContentStore:
         h = hashlib.sha256()
         written = 0
         try:
-            with open(tmp, "wb") as f:
+            # Chunks are written and hashed on the loop (page-cache writes of network-sized
+            # chunks are short); the fsync that can stall goes to a thread.
+            f = await asyncio.to_thread(open, tmp, "wb")
+            with f:
                 async with open_blob() as chunks:
                     it = aiter(chunks)
                     while True:
@@ -172,7 +175,7 @@ class ContentStore:
                 if got != digest:
                     raise DataLoss(f"blob {digest}: digest mismatch (content hashes to {got})")
                 f.flush()
-                os.fsync(f.fileno())
+                await asyncio.to_thread(os.fsync, f.fileno())
             os.rename(tmp, self.path(digest))
         finally:
             with contextlib.suppress(FileNotFoundError):

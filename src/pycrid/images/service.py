@@ -80,7 +80,9 @@ class _Leases:
             self.content += collections.Counter()  # drop zero counts
             self.snapshots += collections.Counter()
 
-    def add(self, held: tuple[set[str], set[str]], *, content: str = "", snapshot: str = "") -> None:
+    def add(
+        self, held: tuple[set[str], set[str]], *, content: str = "", snapshot: str = ""
+    ) -> None:
         if content and content not in held[0]:
             held[0].add(content)
             self.content[content] += 1
@@ -309,10 +311,10 @@ class ImageService:
                 await task
                 await self._unpack(layer, config.diff_ids[i], chain[i],
                                    chain[i - 1] if i else None)
-        size = (manifest.config.size + len(data) + sum(l.size for l in manifest.layers))
+        size = manifest.config.size + len(data) + sum(x.size for x in manifest.layers)
         return ImageRecord(
             id=manifest.config.digest, target=target.digest, manifest=desc.digest,
-            layers=tuple(l.digest for l in manifest.layers), chain=tuple(chain),
+            layers=tuple(x.digest for x in manifest.layers), chain=tuple(chain),
             size=size, user=config.user, created_at=time.time(),
         )
 
