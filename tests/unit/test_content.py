@@ -51,7 +51,7 @@ async def test_ingest_verifies_and_stores(tmp_path: Path) -> None:
     stats = await store.ingest(DIGEST, len(DATA), src.open)
     assert stats.downloaded
     assert store.read(DIGEST) == DATA
-    assert store.list() == {DIGEST}
+    assert store.digests() == {DIGEST}
     again = await store.ingest(DIGEST, len(DATA), src.open)
     assert not again.downloaded
     assert src.opened == 1
@@ -79,7 +79,7 @@ async def test_bad_streams_leave_nothing(tmp_path: Path, source: Source, size: i
     store = ContentStore(str(tmp_path))
     with pytest.raises(DataLoss, match=message):
         await store.ingest(DIGEST, size, source.open)
-    assert store.list() == set()
+    assert store.digests() == set()
     assert leftovers(store) == []
 
 
@@ -88,7 +88,7 @@ async def test_stalled_stream_times_out(tmp_path: Path) -> None:
     with pytest.raises(DeadlineExceeded, match="no data received"):
         await store.ingest(DIGEST, len(DATA), Source(stop_at=70000, stall=5).open,
                            progress_timeout=0.2)
-    assert store.list() == set()
+    assert store.digests() == set()
     assert leftovers(store) == []
 
 

@@ -80,7 +80,8 @@ def cfg(default: Any, help: str, check: Callable[[Any], str | None] | None = Non
     """
     meta = {"help": help, "check": check}
     if isinstance(default, list | dict):
-        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        container: list[Any] | dict[Any, Any] = default
+        return dataclasses.field(default_factory=lambda: container.copy(), metadata=meta)
     if dataclasses.is_dataclass(default):
         factory = type(default)
         return dataclasses.field(default_factory=factory, metadata=meta)

@@ -38,10 +38,10 @@ class CRIPlugin:
 
     def register(self, server: grpc.aio.Server) -> None:
         services = pb.DESCRIPTOR.services_by_name
-        pb_grpc.add_RuntimeServiceServicer_to_server(
+        pb_grpc.add_RuntimeServiceServicer_to_server(  # type: ignore[no-untyped-call]
             instrumented_servicer(services["RuntimeService"], RuntimeServicer(self.core),
                                   self.gate), server)
-        pb_grpc.add_ImageServiceServicer_to_server(
+        pb_grpc.add_ImageServiceServicer_to_server(  # type: ignore[no-untyped-call]
             instrumented_servicer(services["ImageService"], ImageServicer(self.core), self.gate),
             server)
 

@@ -86,7 +86,7 @@ class ContentStore:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(digest))
 
-    def list(self) -> set[str]:
+    def digests(self) -> set[str]:
         return {"sha256:" + name for name in os.listdir(self._blobs) if len(name) == 64}
 
     def usage(self) -> tuple[int, int]:

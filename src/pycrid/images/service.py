@@ -297,7 +297,7 @@ class ImageService:
                     progress_timeout=float(self.config.image_pull_progress_timeout))
 
         async with asyncio.TaskGroup() as tg:
-            downloads = []
+            downloads: list[asyncio.Task[None] | None] = []
             for i, layer in enumerate(manifest.layers):
                 if self._has_snapshot(chain[i]):
                     downloads.append(None)  # unpacked already: the blob is not needed again
@@ -363,7 +363,7 @@ class ImageService:
 
     def _sweep(self, keep_content: set[str], keep_snaps: set[str]) -> tuple[int, int]:
         blobs = 0
-        for digest in self.content.list() - keep_content:
+        for digest in self.content.digests() - keep_content:
             self.content.delete(digest)
             blobs += 1
         snaps = 0

@@ -1,0 +1,165 @@
+"""The daemon as a process: socket, lock, config errors, signals, and the runtime-wide calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2 as pb
+
+from tests.support.daemon import CRIClient, running_daemon, serve_command, wait_ready
+
+pytestmark = pytest.mark.e2e
+
+
+def test_version_status_runtime_config(tmp_path: Path) -> None:
+    with running_daemon(str(tmp_path)) as d:
+        v = d.client.runtime.Version(pb.VersionRequest(), timeout=5)
+        assert (v.runtime_name, v.runtime_api_version) == ("pycrid", "v1")
+        assert v.runtime_version == "0.1.0"
+        st = d.client.runtime.Status(pb.StatusRequest(verbose=True), timeout=5)
+        conds = {c.type: c for c in st.status.conditions}
+        assert conds["RuntimeReady"].status is True
+        assert conds["NetworkReady"].status is False
+        assert conds["NetworkReady"].reason == "NetworkPluginNotReady"
+        config = json.loads(st.info["config"])
+        assert config["root"] == d.root
+        assert json.loads(st.info["warnings"]) == []
+        rc = d.client.runtime.RuntimeConfig(pb.RuntimeConfigRequest(), timeout=5)
+        assert rc.linux.cgroup_driver == pb.CgroupDriver.CGROUPFS
+        mode = stat.S_IMODE(os.stat(d.address).st_mode)
+        assert mode == 0o660
+        assert stat.S_ISSOCK(os.stat(d.address).st_mode)
+    assert d.proc.returncode == 0
+    assert not os.path.exists(d.address)
+    assert "stopped" in d.log()
+
+
+def test_unimplemented_rpc_is_named(tmp_path: Path) -> None:
+    with running_daemon(str(tmp_path)) as d:
+        with pytest.raises(grpc.RpcError) as e:
+            d.client.runtime.RunPodSandbox(pb.RunPodSandboxRequest(), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "RunPodSandbox is not implemented" in e.value.details()
+
+
+def test_second_daemon_on_same_socket_is_refused(tmp_path: Path) -> None:
+    with running_daemon(str(tmp_path / "a")) as d:
+        other = tmp_path / "b"
+        proc = subprocess.run(
+            serve_command(None, str(other / "root"), str(other / "state"), d.address),
+            capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1
+        assert "another pycrid is already serving" in proc.stderr
+        # The first one is untouched.
+        assert d.client.runtime.Version(pb.VersionRequest(), timeout=5).runtime_name == "pycrid"
+
+
+def test_stale_socket_is_replaced(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(state / "pycrid.sock"))
+    stale.close()  # the file stays, nobody listens: a crashed daemon's leftover
+    with running_daemon(str(tmp_path)) as d:
+        assert d.client.runtime.Version(pb.VersionRequest(), timeout=5).runtime_name == "pycrid"
+        assert "replacing stale socket" in d.log()
+
+
+def test_unknown_keys_are_warned_and_shown_in_status(tmp_path: Path) -> None:
+    config = ('version = 2\nfrobnicate = true\n'
+              '[plugins."pycrid.cri.v1.images"]\nsandbox_imag = "x"\n')
+    with running_daemon(str(tmp_path), config) as d:
+        warnings = json.loads(
+            d.client.runtime.Status(pb.StatusRequest(verbose=True), timeout=5).info["warnings"])
+        assert any("frobnicate" in w for w in warnings)
+        assert any("sandbox_imag" in w for w in warnings)
+        log = d.log()
+        assert "unknown config key frobnicate" in log
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ('version = 2\n[plugins."pycrid.cri.v1.images"]\nmax_concurrent_downloads = -1\n',
+         'plugins."pycrid.cri.v1.images".max_concurrent_downloads'),
+        ('version = 2\n[debug]\nformat = "xml"\n', "debug.format"),
+        ("version = 7\n", "version"),
+    ],
+)
+def test_invalid_config_stops_startup_naming_the_key(tmp_path: Path, config: str,
+                                                     key: str) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(config)
+    proc = subprocess.run(
+        serve_command(str(path), str(tmp_path / "r"), str(tmp_path / "s"),
+                      str(tmp_path / "s" / "x.sock")),
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert key in proc.stderr
+    assert "invalid configuration" in proc.stderr
+    assert not (tmp_path / "s" / "x.sock").exists()
+
+
+def test_json_logs_and_sigint(tmp_path: Path) -> None:
+    root, state = tmp_path / "root", tmp_path / "state"
+    address = str(state / "pycrid.sock")
+    cmd = [*serve_command(None, str(root), str(state), address), "--log-format", "json"]
+    log_path = tmp_path / "log"
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=logf)
+    from tests.support.daemon import Daemon
+
+    d = Daemon(root=str(root), state=str(state), address=address, log_path=str(log_path),
+               proc=proc, client=CRIClient(address))
+    try:
+        wait_ready(d)
+    finally:
+        d.client.close()
+        proc.send_signal(2)
+        proc.wait(30)
+    assert proc.returncode == 0
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    assert any(rec["msg"] == "pycrid is ready" for rec in lines)
+    assert all({"time", "level", "msg"} <= rec.keys() for rec in lines)
+    # debug level: every call is logged with its request id
+    assert any(rec.get("rpc") == "/runtime.v1.RuntimeService/Version" and "request_id" in rec
+               for rec in lines)
+
+
+def test_tcp_listener_when_enabled(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = (f'version = 2\n[grpc]\ntcp_address = "127.0.0.1:{port}"\n'
+              '[plugins."pycrid.grpc.v1.cri"]\ndisable_tcp_service = false\n')
+    with running_daemon(str(tmp_path), config):
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+            v = pb_grpc.RuntimeServiceStub(channel).Version(pb.VersionRequest(), timeout=5)
+            assert v.runtime_name == "pycrid"
+        finally:
+            channel.close()
+
+
+def test_config_default_and_migrate_commands(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "pycrid", "config", "default"],
+                         capture_output=True, text=True, check=True).stdout
+    assert 'address = "/run/pycrid/pycrid.sock"' in out
+    assert "max_concurrent_downloads = 3" in out
+    old = tmp_path / "old.toml"
+    old.write_text('version = 1\n[plugins."pycrid.grpc.v1.cri"]\nsandbox_image = "x.io/p:1"\n')
+    new = subprocess.run([sys.executable, "-m", "pycrid", "config", "migrate", "-c", str(old)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "version = 2" in new
+    assert '[plugins."pycrid.cri.v1.images"]' in new
+    assert 'sandbox_image = "x.io/p:1"' in new
