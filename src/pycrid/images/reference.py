@@ -64,6 +64,11 @@ class Reference:
         return s
 
 
+def _q(s: str) -> str:
+    """Quote user input for a message, shortened so a huge input does not flood the log."""
+    return repr(s) if len(s) <= 160 else repr(s[:150]) + f"... ({len(s)} characters)"
+
+
 def _split_domain(name: str) -> tuple[str, str]:
     """Docker's rule: the first component is a registry host only if it looks like one."""
     first, sep, rest = name.partition("/")
@@ -83,17 +88,17 @@ def parse_reference(s: str) -> Reference:
     if not isinstance(s, str) or not s:
         raise InvalidArgument("image reference is empty")
     if s != s.strip() or any(c.isspace() for c in s):
-        raise InvalidArgument(f"invalid image reference {s!r}: contains whitespace")
+        raise InvalidArgument(f"invalid image reference {_q(s)}: contains whitespace")
 
     rest, at, digest = s.partition("@")
     if at:
         if not digest:
-            raise InvalidArgument(f"invalid image reference {s!r}: empty digest after '@'")
+            raise InvalidArgument(f"invalid image reference {_q(s)}: empty digest after '@'")
         if not _ANY_DIGEST_RE.match(digest):
-            raise InvalidArgument(f"invalid image reference {s!r}: malformed digest {digest!r}")
+            raise InvalidArgument(f"invalid image reference {_q(s)}: malformed digest {_q(digest)}")
         if not _SHA256_RE.match(digest):
             raise InvalidArgument(
-                f"invalid image reference {s!r}: unsupported digest {digest!r} "
+                f"invalid image reference {_q(s)}: unsupported digest {_q(digest)} "
                 "(only sha256:<64 lowercase hex> is supported)")
 
     # A tag follows the last ':' that comes after the last '/' (a ':' before it is a port).
@@ -102,38 +107,39 @@ def parse_reference(s: str) -> Reference:
     if colon > rest.rfind("/"):
         rest, tag = rest[:colon], rest[colon + 1:]
         if not tag:
-            raise InvalidArgument(f"invalid image reference {s!r}: empty tag after ':'")
+            raise InvalidArgument(f"invalid image reference {_q(s)}: empty tag after ':'")
         if len(tag) > TAG_MAX:
             raise InvalidArgument(
-                f"invalid image reference {s!r}: tag is {len(tag)} characters, "
+                f"invalid image reference {_q(s)}: tag is {len(tag)} characters, "
                 f"at most {TAG_MAX} allowed")
         if not _TAG_RE.match(tag):
             raise InvalidArgument(
-                f"invalid image reference {s!r}: tag {tag!r} may only contain letters, "
+                f"invalid image reference {_q(s)}: tag {tag!r} may only contain letters, "
                 "digits, '_', '.' and '-', and must not start with '.' or '-'")
 
     if not rest:
-        raise InvalidArgument(f"invalid image reference {s!r}: repository name is empty")
+        raise InvalidArgument(f"invalid image reference {_q(s)}: repository name is empty")
     if _HEX64_RE.match(rest) and tag is None and not at:
         raise InvalidArgument(
-            f"invalid image reference {s!r}: a 64-character hex string is an image id, "
+            f"invalid image reference {_q(s)}: a 64-character hex string is an image id, "
             "not a repository name")
 
     domain, path = _split_domain(rest)
     if domain != DEFAULT_DOMAIN and not _DOMAIN_RE.match(domain):
-        raise InvalidArgument(f"invalid image reference {s!r}: malformed registry host {domain!r}")
+        raise InvalidArgument(
+            f"invalid image reference {_q(s)}: malformed registry host {domain!r}")
     if not _PATH_RE.match(path):
         if path != path.lower() and _PATH_RE.match(path.lower()):
             raise InvalidArgument(
-                f"invalid image reference {s!r}: repository name must be lowercase")
+                f"invalid image reference {_q(s)}: repository name must be lowercase")
         raise InvalidArgument(
-            f"invalid image reference {s!r}: malformed repository name {path!r} "
+            f"invalid image reference {_q(s)}: malformed repository name {_q(rest)} "
             "(components are lowercase letters and digits joined by '.', '_', '__' or '-', "
             "separated by '/')")
     name_len = len(domain) + 1 + len(path)
     if name_len > NAME_MAX:
         raise InvalidArgument(
-            f"invalid image reference {s!r}: repository name is {name_len} characters, "
+            f"invalid image reference {_q(s)}: repository name is {name_len} characters, "
             f"at most {NAME_MAX} allowed")
     if tag is None and digest == "":
         tag = DEFAULT_TAG
