@@ -32,7 +32,8 @@ _DOMAIN = rf"(?:{_DOMAIN_NAME}|{_IPV6})(?::[0-9]+)?"
 _PATH_RE = re.compile(rf"^{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*$")
 _DOMAIN_RE = re.compile(rf"^{_DOMAIN}$")
 _TAG_RE = re.compile(r"^[\w][\w.-]*$", re.ASCII)
-_ANY_DIGEST_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+_ANY_DIGEST_RE = re.compile(
+    r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
 _SHA256_RE = re.compile(r"^sha256:[a-f0-9]{64}$")
 _HEX64_RE = re.compile(r"^[a-f0-9]{64}$")
 
