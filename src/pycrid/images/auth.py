@@ -16,6 +16,7 @@ import binascii
 import hashlib
 import json
 import logging
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ DEFAULT_TOKEN_TTL = 60.0
 #: Refresh this long before a token expires, so a request never carries a stale one.
 _EXPIRY_MARGIN = 5.0
 _CLIENT_ID = "pycrid"
+#: The clock token lifetimes are measured on (a name of its own, so tests can move it).
+_clock = time.monotonic
 
 
 @dataclass
@@ -214,7 +217,7 @@ def basic_header(username: str, password: str) -> str:
 @dataclass(frozen=True)
 class _Token:
     value: str
-    expires: float  # time.monotonic()
+    expires: float  # on _clock
 
 
 class Authorizer:
@@ -256,10 +259,12 @@ class Authorizer:
 
     async def header(
         self, session: aiohttp.ClientSession, host: str, scope: str, creds: Credentials | None,
+        tls: ssl.SSLContext | None = None,
     ) -> str | None:
         """The Authorization value for a request to ``host``, or None to send none.
 
-        ``scope`` is the one this request needs (``repository:<path>:pull``).
+        ``scope`` is the one this request needs (``repository:<path>:pull``); ``tls`` is the
+        registry's context, used for the token service too (it may share a private CA).
         """
         if creds is not None and creds.registry_token:
             return f"Bearer {creds.registry_token}"
@@ -272,15 +277,15 @@ class Authorizer:
             return basic_header(creds.username, creds.password)
         key = self._key(c, scope, creds)
         tok = self._tokens.get(key)
-        if tok is not None and tok.expires > time.monotonic():
+        if tok is not None and tok.expires > _clock():
             return f"Bearer {tok.value}"
-        tok = await self._fetch_token(session, host, c, scope, creds)
+        tok = await self._fetch_token(session, host, c, scope, creds, tls)
         self._tokens[key] = tok
         return f"Bearer {tok.value}"
 
     async def _fetch_token(
         self, session: aiohttp.ClientSession, host: str, c: Challenge, scope: str,
-        creds: Credentials | None,
+        creds: Credentials | None, tls: ssl.SSLContext | None,
     ) -> _Token:
         realm = c.realm
         if not realm.startswith(("https://", "http://")):
@@ -289,11 +294,11 @@ class Authorizer:
         service = c.params.get("service", "")
         try:
             if creds is not None and creds.identity_token:
-                resp = await self._post_refresh(session, realm, service, scopes, creds)
+                resp = await self._post_refresh(session, realm, service, scopes, creds, tls)
                 if resp is None:  # the token service has no OAuth endpoint: try GET
-                    resp = await self._get(session, realm, service, scopes, creds)
+                    resp = await self._get(session, realm, service, scopes, creds, tls)
             else:
-                resp = await self._get(session, realm, service, scopes, creds)
+                resp = await self._get(session, realm, service, scopes, creds, tls)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"token service {_origin(realm)} for registry {host} did not answer "
@@ -318,7 +323,7 @@ class Authorizer:
 
     async def _get(
         self, session: aiohttp.ClientSession, realm: str, service: str, scopes: list[str],
-        creds: Credentials | None,
+        creds: Credentials | None, tls: ssl.SSLContext | None,
     ) -> tuple[int, bytes]:
         params: list[tuple[str, str]] = []
         if service:
@@ -330,17 +335,18 @@ class Authorizer:
             # Ask for a refresh token too, like docker login does; harmless when ignored.
             params.append(("offline_token", "true"))
             params.append(("client_id", _CLIENT_ID))
-        async with session.get(realm, params=params, headers=headers,
+        async with session.get(realm, params=params, headers=headers, ssl=tls or True,
                                timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
             return r.status, await r.content.read(1 << 20)
 
     async def _post_refresh(
         self, session: aiohttp.ClientSession, realm: str, service: str, scopes: list[str],
-        creds: Credentials,
+        creds: Credentials, tls: ssl.SSLContext | None,
     ) -> tuple[int, bytes] | None:
         form = {"grant_type": "refresh_token", "refresh_token": creds.identity_token,
                 "service": service, "scope": " ".join(scopes), "client_id": _CLIENT_ID}
         async with session.post(realm, data=form, headers={"User-Agent": self.user_agent},
+                                ssl=tls or True,
                                 timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
             if r.status in (404, 405):
                 return None
@@ -375,4 +381,4 @@ def _parse_token(body: bytes, host: str) -> _Token:
     if not isinstance(ttl, int | float) or isinstance(ttl, bool) or ttl <= 0:
         ttl = DEFAULT_TOKEN_TTL
     ttl = max(float(ttl) - _EXPIRY_MARGIN, 1.0)
-    return _Token(value=value, expires=time.monotonic() + ttl)
+    return _Token(value=value, expires=_clock() + ttl)

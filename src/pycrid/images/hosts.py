@@ -80,6 +80,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _why(e: OSError) -> str:
+    """OpenSSL's short reason ("NO_CERTIFICATE_OR_CRL_FOUND") or the OS's ("No such file")."""
+    if isinstance(e, ssl.SSLError) and e.reason:
+        return str(e.reason)
+    return str(e.strerror or e)
+
+
 def default_server(domain: str) -> str:
     return DOCKER_HUB_SERVER if domain == DOCKER_HUB else f"https://{domain}"
 
@@ -273,14 +280,20 @@ class RegistryHosts:
         if ctx is not None:
             return ctx
         ctx = ssl.create_default_context()
-        try:
-            for ca in tls.ca:
+        for ca in tls.ca:
+            try:
                 ctx.load_verify_locations(cafile=ca)
-            # OpenSSL keeps one certificate per key type; the first pair is the one used.
-            for cert, key in tls.client[:1]:
+            except (OSError, ssl.SSLError) as e:
+                raise InvalidArgument(
+                    f"registry host config: cannot load CA certificate {ca}: {_why(e)}") from None
+        # OpenSSL keeps one certificate per key type; the first pair is the one used.
+        for cert, key in tls.client[:1]:
+            try:
                 ctx.load_cert_chain(cert, key or None)
-        except (OSError, ssl.SSLError) as e:
-            raise InvalidArgument(f"registry TLS config: cannot load {e}") from None
+            except (OSError, ssl.SSLError) as e:
+                raise InvalidArgument(
+                    f"registry host config: cannot load client certificate {cert}"
+                    f"{' with key ' + key if key else ''}: {_why(e)}") from None
         if tls.skip_verify:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE

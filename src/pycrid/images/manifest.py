@@ -71,7 +71,8 @@ def _json_type(v: Any) -> str:
 
 
 def _is_schema1(doc: dict[str, Any]) -> bool:
-    return (doc.get("schemaVersion") == 1 or doc.get("mediaType") in SCHEMA1_TYPES
+    v, mt = doc.get("schemaVersion"), doc.get("mediaType")
+    return ((type(v) is int and v == 1) or (isinstance(mt, str) and mt in SCHEMA1_TYPES)
             or "fsLayers" in doc or ("signatures" in doc and "config" not in doc))
 
 
@@ -117,7 +118,7 @@ def descriptor(obj: Any, what: str) -> Descriptor:
         raise DataLoss(f"{what}: platform must be an object with string os/architecture/variant")
     try:
         return Descriptor.from_json(obj)
-    except (DataLoss, ValueError, TypeError, AttributeError) as e:
+    except (DataLoss, InvalidArgument, ValueError, TypeError, AttributeError) as e:
         raise DataLoss(f"{what}: {_short(str(e))}") from None
 
 

@@ -143,8 +143,8 @@ class ImageService:
                 found = self.store.by_id_prefix(full)
                 if len(found) == 1:
                     return found[0]
-            if s.startswith("sha256:"):
-                return None
+            if s.startswith("sha256:") or len(s) == 64:
+                return None  # an id (a bare 64-hex string is never a repository name)
         ref = parse_reference(s)
         return self.store.by_name(str(ref))
 
