@@ -106,6 +106,7 @@ def wait_ready(daemon: Daemon, timeout: float = 30) -> None:
 @contextlib.contextmanager
 def running_daemon(base: str, config_text: str | None = None, *extra: str) -> Iterator[Daemon]:
     """Start pycrid under ``base`` (root, state, socket, log inside it); stop it after."""
+    os.makedirs(base, exist_ok=True)
     root, state = os.path.join(base, "root"), os.path.join(base, "state")
     address = os.path.join(state, "pycrid.sock")
     config = None

@@ -34,7 +34,7 @@ from pycrid.images.overlay import OverlaySnapshotter
 from pycrid.images.reference import Reference, parse_reference
 from pycrid.images.registry import RegistryClient
 from pycrid.images.snapshots import Kind
-from pycrid.images.unpack import unpack_layer
+from pycrid.images.unpack import cleanup_mounts, unpack_layer
 from pycrid.store.images import ImageRecord, ImageStore
 
 log = logging.getLogger(__name__)
@@ -193,6 +193,7 @@ class ImageService:
     async def recover(self) -> None:
         """Start-up: drop what a crash left half-done (ingests, unpack mounts, orphans)."""
         leftovers = self.content.cleanup()
+        leftovers += await asyncio.to_thread(cleanup_mounts, self.mount_dir)
         leftovers += await asyncio.to_thread(self.snapshotter.cleanup)
         blobs, snaps = await self.gc()
         if leftovers or blobs or snaps:

@@ -1,0 +1,93 @@
+"""The Snapshotter interface (containerd's shape) and the plain data it speaks.
+
+A snapshot is a directory tree keyed by a string: committed snapshots are
+immutable layers (image layers are keyed by their chain id); active ones are
+writable trees on top of a committed parent (a layer being unpacked now, a
+container's rootfs later); views are read-only. Methods are synchronous and
+thread-safe: the daemon calls them through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+
+
+class Kind(enum.Enum):
+    ACTIVE = "active"
+    VIEW = "view"
+    COMMITTED = "committed"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount(2) call: filesystem type, source and options (as ``mount -o`` takes them)."""
+
+    type: str
+    source: str
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Info:
+    key: str
+    parent: str | None
+    kind: Kind
+    created_at: float
+    labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Usage:
+    size: int
+    inodes: int
+
+
+class Snapshotter(abc.ABC):
+    name: str
+    root: str
+
+    @abc.abstractmethod
+    def prepare(self, key: str, parent: str | None,
+                labels: dict[str, str] | None = None) -> list[Mount]:
+        """A new writable snapshot on committed ``parent``; its mounts."""
+
+    @abc.abstractmethod
+    def view(self, key: str, parent: str | None,
+             labels: dict[str, str] | None = None) -> list[Mount]:
+        """A new read-only snapshot of committed ``parent``; its mounts."""
+
+    @abc.abstractmethod
+    def mounts(self, key: str) -> list[Mount]: ...
+
+    @abc.abstractmethod
+    def commit(self, name: str, key: str, labels: dict[str, str] | None = None) -> None:
+        """Active ``key`` becomes committed ``name``; ``key`` is gone after."""
+
+    @abc.abstractmethod
+    def remove(self, key: str) -> None:
+        """Remove a snapshot that has no children."""
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> Info: ...
+
+    @abc.abstractmethod
+    def list(self) -> list[Info]: ...
+
+    @abc.abstractmethod
+    def usage(self, key: str) -> Usage:
+        """Disk used by the snapshot's own layer."""
+
+    @abc.abstractmethod
+    def fs_usage(self) -> Usage:
+        """Disk used by every snapshot (for ImageFsInfo)."""
+
+    @abc.abstractmethod
+    def upper_dir(self, key: str) -> str:
+        """The directory a writable snapshot's changes go to (written directly when it has
+        no parent)."""
+
+    @abc.abstractmethod
+    def cleanup(self) -> list[str]:
+        """Start-up sweep: remove what a crash left half-made; returns what it removed."""
