@@ -122,7 +122,7 @@ def test_pull_by_tag_then_status_list_and_again(daemon: Daemon, registry: LocalR
                              + sum(len(img.build.blobs[d]) for d in img.build.layer_digests))
     assert not st.image.pinned
     info = json.loads(st.info["info"])
-    assert info["imageSpec"]["rootfs"]["diff_ids"] == img.build.diff_ids
+    assert info["imageSpec"]["rootfs"]["diff_ids"] == list(img.build.diff_ids)
     assert info["chainID"].startswith("sha256:")
     # Found by id, by digest reference and by list filter too.
     assert daemon.client.status(image_id).image.id == image_id
@@ -302,7 +302,7 @@ def test_image_fs_info(daemon: Daemon, registry: LocalRegistry, test_images: Tes
 # ---- bad input ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ref", ["UPPER/case:1", "a b", "busybox:bad tag!", "x@sha256:123", ":"])
+@pytest.mark.parametrize("ref", ["library/UPPER:1", "a b", "busybox:bad tag!", "x@sha256:123", ":"])
 def test_malformed_references(daemon: Daemon, ref: str) -> None:
     for call in (daemon.client.pull, daemon.client.status, daemon.client.remove):
         err = rpc_error(call, ref)

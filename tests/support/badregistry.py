@@ -78,7 +78,7 @@ class BadRegistry:
         half = self.layer[: len(self.layer) // 2]
         await resp.write(half)
         if mode == "slow":
-            await asyncio.sleep(30)
+            await asyncio.sleep(4)
         # Drop the connection mid-blob.
         assert request.transport is not None
         request.transport.close()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid.config.schema import ImagesConfig
-from pycrid.errors import DataLoss, InvalidArgument, NotFound
+from pycrid.errors import DataLoss, InvalidArgument, NotFound, PycridError
 from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
@@ -89,6 +89,24 @@ class _Leases:
         if snapshot and snapshot not in held[1]:
             held[1].add(snapshot)
             self.snapshots[snapshot] += 1
+
+
+def _most_telling(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report from a failed group of downloads: ours before anything else."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(eg)
+    for e in leaves:
+        if isinstance(e, PycridError):
+            return e
+    return leaves[0]
 
 
 def user_of(user: str) -> tuple[int | None, str]:
@@ -286,6 +304,21 @@ class ImageService:
             self._leases.add(held, snapshot=c)
         for layer in manifest.layers:
             self._leases.add(held, content=layer.digest)
+        try:
+            await self._download_and_unpack(ref, creds, manifest.layers, config.diff_ids, chain)
+        except BaseExceptionGroup as eg:
+            raise _most_telling(eg) from None
+        size = manifest.config.size + len(data) + sum(x.size for x in manifest.layers)
+        return ImageRecord(
+            id=manifest.config.digest, target=target.digest, manifest=desc.digest,
+            layers=tuple(x.digest for x in manifest.layers), chain=tuple(chain),
+            size=size, user=config.user, created_at=time.time(),
+        )
+
+    async def _download_and_unpack(
+        self, ref: Reference, creds: Credentials | None, layers: list[Descriptor],
+        diff_ids: list[str], chain: list[str],
+    ) -> None:
         sem = asyncio.Semaphore(self.config.max_concurrent_downloads)
 
         async def download(layer: Descriptor) -> None:
@@ -299,25 +332,18 @@ class ImageService:
 
         async with asyncio.TaskGroup() as tg:
             downloads: list[asyncio.Task[None] | None] = []
-            for i, layer in enumerate(manifest.layers):
+            for i, layer in enumerate(layers):
                 if self._has_snapshot(chain[i]):
                     downloads.append(None)  # unpacked already: the blob is not needed again
                     continue
                 downloads.append(tg.create_task(download(layer)))
             # Unpack in order while later layers are still downloading.
-            for i, layer in enumerate(manifest.layers):
+            for i, layer in enumerate(layers):
                 task = downloads[i]
                 if task is None:
                     continue
                 await task
-                await self._unpack(layer, config.diff_ids[i], chain[i],
-                                   chain[i - 1] if i else None)
-        size = manifest.config.size + len(data) + sum(x.size for x in manifest.layers)
-        return ImageRecord(
-            id=manifest.config.digest, target=target.digest, manifest=desc.digest,
-            layers=tuple(x.digest for x in manifest.layers), chain=tuple(chain),
-            size=size, user=config.user, created_at=time.time(),
-        )
+                await self._unpack(layer, diff_ids[i], chain[i], chain[i - 1] if i else None)
 
     def _has_snapshot(self, key: str) -> bool:
         try:
