@@ -86,7 +86,10 @@ class BadRegistry:
 
     def _app(self) -> web.Application:
         app = web.Application()
-        app.router.add_route("GET", "/v2/", lambda r: web.json_response({}))
+        async def root(request: web.Request) -> web.Response:
+            return web.json_response({})
+
+        app.router.add_route("GET", "/v2/", root)
         app.router.add_route("*", "/v2/bad/{mode}/manifests/{ref}", self._manifest)
         app.router.add_route("GET", "/v2/bad/{mode}/blobs/{digest}", self._blob)
         return app

@@ -36,7 +36,8 @@ class ImageServicer:
 
     async def ListImages(self, request: Any, context: Any) -> Any:
         ref = request.filter.image.image if request.HasField("filter") else ""
-        return pb.ListImagesResponse(images=[_image_pb(v) for v in self.core.images.list(ref)])
+        views = self.core.images.list_images(ref)
+        return pb.ListImagesResponse(images=[_image_pb(v) for v in views])
 
     async def ImageStatus(self, request: Any, context: Any) -> Any:
         view = self.core.images.status(_spec_image(request.image, "ImageStatus"))

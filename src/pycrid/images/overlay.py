@@ -69,7 +69,7 @@ class OverlaySnapshotter(Snapshotter):
     def stat(self, key: str) -> Info:
         return self._info(self._row(key))
 
-    def list(self) -> list[Info]:
+    def walk(self) -> list[Info]:
         with self._db.read() as c:
             rows = c.execute("SELECT * FROM overlay_snapshots ORDER BY id").fetchall()
         return [self._info(r) for r in rows]

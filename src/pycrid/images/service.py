@@ -177,7 +177,7 @@ class ImageService:
             uid=uid, username=username,
         )
 
-    def list(self, filter_ref: str = "") -> list[ImageView]:
+    def list_images(self, filter_ref: str = "") -> list[ImageView]:
         if filter_ref:
             rec = self.resolve_local(filter_ref)
             return [self.view(rec)] if rec else []
@@ -396,8 +396,8 @@ class ImageService:
         snaps = 0
         # Children before parents: repeat while something was removed.
         while True:
-            infos = [i for i in self.snapshotter.list() if i.kind is Kind.COMMITTED]
-            parents = {i.parent for i in self.snapshotter.list() if i.parent}
+            infos = [i for i in self.snapshotter.walk() if i.kind is Kind.COMMITTED]
+            parents = {i.parent for i in self.snapshotter.walk() if i.parent}
             doomed = [i.key for i in infos if i.key not in keep_snaps and i.key not in parents]
             if not doomed:
                 return blobs, snaps

@@ -22,7 +22,7 @@ import shutil
 import stat
 import tarfile
 import zlib
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 import zstandard
 
@@ -128,13 +128,15 @@ def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
                 log.warning("layer entry %s: cannot set xattr %s: %s", info.name, name, e)
 
 
-def apply_tar(root: str, tar_stream: IO[bytes], *, allow_device_nodes: bool = False) -> int:
+def apply_tar(
+    root: str, tar_stream: IO[bytes] | _HashingReader, *, allow_device_nodes: bool = False
+) -> int:
     """Apply the uncompressed tar ``tar_stream`` onto directory ``root``; bytes written."""
     res = _Resolver(root)
     written = 0
     dir_times: list[tuple[str, float]] = []
     try:
-        tf = tarfile.open(fileobj=tar_stream, mode="r|", errorlevel=2)
+        tf = tarfile.open(fileobj=cast(IO[bytes], tar_stream), mode="r|", errorlevel=2)
     except (tarfile.TarError, EOFError, OSError, zlib.error, zstandard.ZstdError) as e:
         raise DataLoss(f"layer is not a readable tar archive: {e}") from None
     try:
@@ -266,7 +268,7 @@ def _decompressed(raw: BinaryIO, media_type: str) -> Any:
 
 def cleanup_mounts(mount_dir: str) -> list[str]:
     """Unmount and remove unpack mount points a crash left behind (start-up)."""
-    removed = []
+    removed: list[str] = []
     if not os.path.isdir(mount_dir):
         return removed
     for mp in mnt.mounts_under(mount_dir):
