@@ -215,11 +215,12 @@ class OverlaySnapshotter(Snapshotter):
                 except NotFound:
                     continue  # went with a broken parent already
                 if not os.path.isdir(self._path(sid, "fs")):
-                    self._forget_all(row["key"])
-                    removed.append(f"snapshot record {row['key']} (directory missing)")
+                    why = "directory missing"
                 elif row["key"].startswith(TEMP_PREFIX):
-                    self._forget_all(row["key"])
-                    removed.append(f"unpack scratch snapshot {row['key']}")
+                    why = "unpack scratch space"
+                else:
+                    continue
+                removed += [f"snapshot {k} ({why})" for k in self._forget_all(row["key"])]
             known = {str(r["id"]) for r in self._rows()}
             for name in os.listdir(self._dir):
                 if name not in known:
@@ -227,14 +228,16 @@ class OverlaySnapshotter(Snapshotter):
                     removed.append(f"snapshot directory {name} (no record)")
         return removed
 
-    def _forget_all(self, key: str) -> None:
+    def _forget_all(self, key: str) -> list[str]:
         """Remove ``key`` and, first, anything built on it (a broken parent breaks children)."""
         with self._db.read() as c:
             kids = [r["key"] for r in c.execute(
                 "SELECT key FROM overlay_snapshots WHERE parent = ?", (key,))]
+        gone = []
         for kid in kids:
-            self._forget_all(kid)
+            gone += self._forget_all(kid)
         self._forget(key, int(self._row(key)["id"]))
+        return [*gone, key]
 
     def _rows(self) -> list[sqlite3.Row]:
         with self._db.read() as c:
