@@ -143,6 +143,10 @@ _digest = st.from_regex(r"\Asha256:[0-9a-f]{64}\Z")
 @st.composite
 def references(draw: st.DrawFn) -> str:
     domain, path = draw(_domain), draw(_path)
+    first = path.split("/", 1)[0]
+    if not domain and ("." in first or first == "localhost"):
+        # Such a first component is read as a registry host (docker's rule), not a path.
+        domain = "docker.io"
     s = f"{domain}/{path}" if domain else path
     tag = draw(st.one_of(st.none(), _tag))
     digest = draw(st.one_of(st.none(), _digest))

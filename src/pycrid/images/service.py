@@ -6,21 +6,22 @@ already present, and otherwise fetches the manifest (choosing this platform in
 an index), the config and the layers: layers download concurrently (bounded by
 ``max_concurrent_downloads``) while they are unpacked in order into snapshots
 keyed by chain id, so images sharing layers share both content and snapshots.
-Everything a pull in flight has touched is leased, so the garbage collector of
-a concurrent remove or a failed pull never takes it away.
+The garbage collector and pulls never overlap: a collection asked for while
+pulls are in flight (a remove, or a pull that failed) runs when the last of
+them ends, and a pull waits for a running collection to finish. So a blob or
+snapshot that a pull has just found present is never swept from under it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,36 +60,6 @@ class ImageView:
     pinned: bool
     uid: int | None
     username: str
-
-
-class _Leases:
-    """Content digests and snapshot keys in use by pulls in flight (counted)."""
-
-    def __init__(self) -> None:
-        self.content: collections.Counter[str] = collections.Counter()
-        self.snapshots: collections.Counter[str] = collections.Counter()
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[tuple[set[str], set[str]]]:
-        content: set[str] = set()
-        snaps: set[str] = set()
-        try:
-            yield content, snaps
-        finally:
-            self.content.subtract(content)
-            self.snapshots.subtract(snaps)
-            self.content += collections.Counter()  # drop zero counts
-            self.snapshots += collections.Counter()
-
-    def add(
-        self, held: tuple[set[str], set[str]], *, content: str = "", snapshot: str = ""
-    ) -> None:
-        if content and content not in held[0]:
-            held[0].add(content)
-            self.content[content] += 1
-        if snapshot and snapshot not in held[1]:
-            held[1].add(snapshot)
-            self.snapshots[snapshot] += 1
 
 
 def _most_telling(eg: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -139,7 +110,10 @@ class ImageService:
         self.mount_dir = mount_dir
         self.platform = platform or host_platform()
         self._sandbox_ref = parse_reference(config.sandbox_image)
-        self._leases = _Leases()
+        self._pulls = 0
+        self._gc_pending = False
+        self._no_gc_running = asyncio.Event()
+        self._no_gc_running.set()
         self._chain_locks: dict[str, asyncio.Lock] = {}
         self._gc_lock = asyncio.Lock()
         self._usage: dict[str, tuple[int, int]] = {}
@@ -230,20 +204,25 @@ class ImageService:
             if have is not None:
                 # Content addressed and present: nothing to ask the registry.
                 return self.store.put(have, {str(ref)} if ref.tag else set())
+        await self._no_gc_running.wait()
+        self._pulls += 1  # no await since the wait: a collection cannot start in between
         try:
-            with self._leases.hold() as held:
-                desc = await self.client.resolve(ref, creds)
-                existing = self.store.by_target(desc.digest)
-                if existing is not None and self._complete(existing):
-                    return self.store.put(existing, self._names_for(ref, desc.digest))
-                rec = await self._fetch_and_unpack(ref, desc, creds, held)
-                return self.store.put(rec, self._names_for(ref, desc.digest))
+            desc = await self.client.resolve(ref, creds)
+            existing = self.store.by_target(desc.digest)
+            if existing is not None and self._complete(existing):
+                return self.store.put(existing, self._names_for(ref, desc.digest))
+            rec = await self._fetch_and_unpack(ref, desc, creds)
+            return self.store.put(rec, self._names_for(ref, desc.digest))
         except BaseException:
-            # The lease is released: verified blobs and snapshots of this failed pull are
-            # garbage now, unless another image or pull holds them.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.gc())
+            # Verified blobs and snapshots of a failed pull are garbage unless an image
+            # refers to them.
+            self._gc_pending = True
             raise
+        finally:
+            self._pulls -= 1
+            if self._pulls == 0 and self._gc_pending:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.gc())
 
     def _names_for(self, ref: Reference, target: str) -> set[str]:
         names = {f"{ref.name}@{target}"}
@@ -261,11 +240,10 @@ class ImageService:
         return True
 
     async def _blob(
-        self, ref: Reference, desc: Descriptor, creds: Credentials | None,
-        held: tuple[set[str], set[str]], what: str, limit: int = 4 << 20,
+        self, ref: Reference, desc: Descriptor, creds: Credentials | None, what: str,
+        limit: int = 4 << 20,
     ) -> bytes:
         """A small blob (manifest, index, config): from the store, else fetched and stored."""
-        self._leases.add(held, content=desc.digest)
         if desc.size > limit:
             raise DataLoss(f"{what} {desc.digest} of {ref} is {desc.size} bytes; limit {limit}")
         if self.content.exists(desc.digest):
@@ -283,27 +261,22 @@ class ImageService:
         return data
 
     async def _fetch_and_unpack(
-        self, ref: Reference, target: Descriptor, creds: Credentials | None,
-        held: tuple[set[str], set[str]],
+        self, ref: Reference, target: Descriptor, creds: Credentials | None
     ) -> ImageRecord:
         desc = target
-        data = await self._blob(ref, desc, creds, held, "manifest")
+        data = await self._blob(ref, desc, creds, "manifest")
         media_type = mf.detect_media_type(data, desc.media_type)
         if media_type in INDEX_TYPES:
             desc = mf.select_platform(mf.parse_index(data), self.platform, str(ref))
-            data = await self._blob(ref, desc, creds, held, "manifest")
+            data = await self._blob(ref, desc, creds, "manifest")
         manifest = mf.parse_manifest(data)
-        config_bytes = await self._blob(ref, manifest.config, creds, held, "config")
+        config_bytes = await self._blob(ref, manifest.config, creds, "config")
         config = mf.parse_image_config(config_bytes)
         if len(config.diff_ids) != len(manifest.layers):
             raise DataLoss(
                 f"image {ref}: manifest lists {len(manifest.layers)} layers but its config "
                 f"has {len(config.diff_ids)} diff ids")
         chain = chain_ids(config.diff_ids)
-        for c in chain:
-            self._leases.add(held, snapshot=c)
-        for layer in manifest.layers:
-            self._leases.add(held, content=layer.digest)
         try:
             await self._download_and_unpack(ref, creds, manifest.layers, config.diff_ids, chain)
         except BaseExceptionGroup as eg:
@@ -376,17 +349,25 @@ class ImageService:
         return True
 
     async def gc(self) -> tuple[int, int]:
-        """Delete content and snapshots no image and no pull in flight refers to.
+        """Delete content and snapshots no image refers to; deferred while pulls run.
 
-        Returns (blobs removed, snapshots removed).
+        Returns (blobs removed, snapshots removed); (0, 0) when deferred.
         """
         async with self._gc_lock:
-            keep_content: set[str] = set(+self._leases.content)
-            keep_snaps: set[str] = set(+self._leases.snapshots)
+            if self._pulls:
+                self._gc_pending = True
+                return 0, 0
+            self._gc_pending = False
+            keep_content: set[str] = set()
+            keep_snaps: set[str] = set()
             for img in self.store.list():
                 keep_content |= img.content()
                 keep_snaps |= set(img.chain)
-            return await asyncio.to_thread(self._sweep, keep_content, keep_snaps)
+            self._no_gc_running.clear()
+            try:
+                return await asyncio.to_thread(self._sweep, keep_content, keep_snaps)
+            finally:
+                self._no_gc_running.set()
 
     def _sweep(self, keep_content: set[str], keep_snaps: set[str]) -> tuple[int, int]:
         blobs = 0
