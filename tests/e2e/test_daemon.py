@@ -163,3 +163,16 @@ def test_config_default_and_migrate_commands(tmp_path: Path) -> None:
     assert "version = 2" in new
     assert '[plugins."pycrid.cri.v1.images"]' in new
     assert 'sandbox_image = "x.io/p:1"' in new
+
+
+def test_disabling_a_needed_plugin_stops_startup_with_its_name(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('version = 2\ndisabled_plugins = ["pycrid.cri.v1.images"]\n')
+    proc = subprocess.run(
+        serve_command(str(path), str(tmp_path / "r"), str(tmp_path / "s"),
+                      str(tmp_path / "s" / "x.sock")),
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "pycrid.grpc.v1.cri" in proc.stderr
+    assert "pycrid.cri.v1.images" in proc.stderr and "disabled" in proc.stderr
+    assert not (tmp_path / "s" / "x.sock").exists()
