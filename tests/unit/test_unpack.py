@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pycrid.errors import DataLoss, PermissionDenied
+from pycrid.errors import DataLoss, InvalidArgument, PermissionDenied
 from pycrid.images import mount as mnt
 from pycrid.images.overlay import OverlaySnapshotter
 from pycrid.images.service import chain_ids
@@ -258,3 +258,104 @@ def test_cleanup_after_a_crash(snapshotter: OverlaySnapshotter, tmp_path: Path) 
     assert len(removed) == 3, removed
     assert [i.key for i in snapshotter.walk()] == base
     assert mnt.mounts_under(str(tmp_path)) == []
+
+
+def full_state(path: Path) -> dict[str, tuple[object, ...]]:
+    """Everything lstat and read tell about a tree, times included."""
+    out: dict[str, tuple[object, ...]] = {}
+    for p in [path, *sorted(path.rglob("*"))]:
+        st = p.lstat()
+        body: object = (os.readlink(p) if p.is_symlink()
+                        else p.read_bytes() if p.is_file() else None)
+        out[str(p)] = (st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns,
+                       st.st_nlink, body)
+    return out
+
+
+@pytest.mark.parametrize("name", [".wh..", ".wh...", "a/.wh...", "a/b/.wh...", ".wh..wh..."])
+def test_malformed_whiteouts_are_refused(tmp_path: Path, canary: Path, name: str) -> None:
+    """``.wh...`` names the parent of its directory: it must never delete upwards."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f").write_bytes(b"kept")
+    before, siblings = full_state(canary), sorted(os.listdir(tmp_path))
+    with pytest.raises(DataLoss, match="malformed whiteout"):
+        apply(root, [Entry(name)])
+    assert (root / "a" / "b" / "f").read_bytes() == b"kept"
+    assert full_state(canary) == before
+    assert sorted(os.listdir(tmp_path)) == siblings
+
+
+def test_dir_times_never_follow_a_later_symlink(tmp_path: Path, canary: Path) -> None:
+    """A dir whose parent is later replaced by a link out of the root keeps no deferred
+    mtime that could be set through that link."""
+    root = tmp_path / "root"
+    root.mkdir()
+    before, siblings = full_state(canary), sorted(os.listdir(tmp_path))
+    apply(root, [Entry("a", "dir"), Entry("a/sub", "dir"),
+                 Entry("a", "symlink", linkname=str(canary))])
+    assert os.readlink(root / "a") == str(canary)
+    assert full_state(canary) == before
+    assert sorted(os.listdir(tmp_path)) == siblings
+
+
+def test_hostile_entries_change_nothing_outside(tmp_path: Path, canary: Path) -> None:
+    """One layer with every trick at once; afterwards the canary is identical to the byte
+    and to the nanosecond, and nothing new sits next to the root."""
+    root = tmp_path / "root"
+    root.mkdir()
+    before, siblings = full_state(canary), sorted(os.listdir(tmp_path))
+    apply(root, [
+        Entry(f"{canary}/keep", data=b"abs"),
+        Entry(f"{up(canary)}/sub/new", data=b"dotdot"),
+        Entry("e1", "symlink", linkname=str(canary)),
+        Entry("e1/keep", data=b"through abs link", mode=0o777),
+        Entry("e1/sub", "dir", mode=0o777),
+        Entry("d/e2", "symlink", linkname=up(canary)),
+        Entry("d/e2/keep", data=b"through rel link"),
+        Entry("d/e2/.wh.sub"),
+        Entry("e1/.wh..wh..opq"),
+        Entry("../../.wh.root"),
+        Entry("../.wh.keep"),
+    ])
+    assert full_state(canary) == before
+    assert sorted(os.listdir(tmp_path)) == siblings
+    inside = root / str(canary).lstrip("/")
+    # Every write landed in one place inside the root; the last one wins, and the opaque
+    # marker keeps what this same layer wrote.
+    assert (inside / "keep").read_bytes() == b"through rel link"
+    assert not (inside / "sub").exists()  # made, then whited out through the other link
+
+
+def test_opaque_dir_hides_lower_entries_at_every_depth(snapshotter: OverlaySnapshotter,
+                                                       tmp_path: Path) -> None:
+    lower = tar_bytes([Entry("d", "dir"), Entry("d/old", data=b"1"), Entry("d/sub", "dir"),
+                       Entry("d/sub/old", data=b"1"), Entry("other", data=b"1")])
+    upper = tar_bytes([Entry("d", "dir"), Entry("d/sub", "dir"), Entry("d/sub/new", data=b"2"),
+                       Entry("d/.wh..wh..opq"), Entry(".wh.other")])
+    chain = unpack_all(snapshotter, tmp_path, [lower, upper])
+    snapshotter.view("check", chain[-1])
+    target = tmp_path / "view"
+    target.mkdir()
+    mnt.mount(snapshotter.mounts("check")[0], str(target))
+    try:
+        found = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
+    finally:
+        mnt.unmount(str(target))
+    assert found == ["d", "d/sub", "d/sub/new"]
+    # The committed upper layer holds no whiteout files, only the kernel's records.
+    upper_fs = Path(snapshotter.upper_dir(chain[-1]))
+    assert not [p for p in upper_fs.rglob(".wh.*")]
+
+
+def test_unknown_media_type_is_refused_before_anything(snapshotter: OverlaySnapshotter,
+                                                       tmp_path: Path) -> None:
+    blob = tmp_path / "blob"
+    blob.write_bytes(tar_bytes([Entry("f")]))
+    with pytest.raises(InvalidArgument, match="application/x-bogus"):
+        unpack_layer(snapshotter, blob_path=str(blob), media_type="application/x-bogus",
+                     diff_id="sha256:" + "0" * 64, chain_id="sha256:" + "1" * 64, parent=None,
+                     allow_device_nodes=False, mount_dir=str(tmp_path / "mnt"))
+    assert snapshotter.walk() == []
+    assert os.listdir(Path(snapshotter.root, "snapshots")) == []

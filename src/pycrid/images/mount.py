@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
+import re
 
 from pycrid.errors import Internal
 from pycrid.images.snapshots import Mount
@@ -50,7 +52,10 @@ def mount(m: Mount, target: str) -> None:
         flags |= MS_BIND
     payload = ",".join(data)
     if len(payload) >= os.sysconf("SC_PAGE_SIZE"):
-        raise Internal(f"mount options for {target} exceed one page ({len(payload)} bytes)")
+        if m.type != "overlay":
+            raise Internal(f"mount options for {target} exceed one page ({len(payload)} bytes)")
+        _mount_overlay_by_parts(data, flags, target)
+        return
     _call(f"mount {m.type} {m.source} on {target}",
           _libc.mount(m.source.encode(), target.encode(),
                       fstype.encode() if fstype else None, flags & ~MS_RDONLY
@@ -64,13 +69,75 @@ def unmount(target: str, *, detach: bool = False) -> None:
     _call(f"unmount {target}", _libc.umount2(target.encode(), MNT_DETACH if detach else 0))
 
 
+def _unescape(field: str) -> str:
+    """Undo mountinfo's octal escapes (``\\040`` for a space) byte-exactly."""
+    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), os.fsencode(field))
+    return os.fsdecode(raw)
+
+
 def mounts_under(path: str) -> list[str]:
     """Mount points at or below ``path``, deepest first (the order to unmount them in)."""
     base = os.path.realpath(path).rstrip("/")
     found = []
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
-            mp = line.split()[4].encode().decode("unicode_escape")
+            mp = _unescape(line.split(" ")[4])
             if mp == base or mp.startswith(base + "/"):
                 found.append(mp)
-    return sorted(found, key=lambda p: p.count("/"), reverse=True)
+    # Deepest first; among mounts stacked on one path, the newest (listed last) first.
+    order = {mp: i for i, mp in enumerate(found)}
+    return sorted(found, key=lambda p: (p.count("/"), order[p]), reverse=True)
+
+
+# The new mount API (Linux 5.2+; "lowerdir+" since 6.8) takes overlay options one
+# at a time, so a stack of layers is not bound by mount(2)'s one-page option
+# string. The syscall numbers of these calls are the same on every architecture.
+_SYS_MOVE_MOUNT, _SYS_FSOPEN, _SYS_FSCONFIG, _SYS_FSMOUNT = 429, 430, 431, 432
+_FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
+_MOUNT_ATTRS = {MS_RDONLY: 0x1, MS_NOSUID: 0x2, MS_NODEV: 0x4, MS_NOEXEC: 0x8}
+_AT_FDCWD, _MOVE_MOUNT_F_EMPTY_PATH = -100, 0x4
+#: The kernel copies each fsconfig value with a 256-byte limit.
+_MAX_VALUE = 255
+
+
+def _sys(what: str, nr: int, *args: object) -> int:
+    rc = int(_libc.syscall(ctypes.c_long(nr), *args))
+    if rc < 0:
+        err = ctypes.get_errno()
+        hint = " (a lowerdir list longer than one page needs Linux 6.8+)" \
+            if err in (errno.ENOSYS, errno.EINVAL) else ""
+        raise Internal(f"{what}: {os.strerror(err)} (errno {err}){hint}")
+    return rc
+
+
+def _mount_overlay_by_parts(data: list[str], flags: int, target: str) -> None:
+    """Mount an overlay whose options are too long for mount(2): one layer per fsconfig."""
+    params: list[tuple[str, str | None]] = []
+    for opt in data:
+        name, eq, val = opt.partition("=")
+        if name == "lowerdir" and eq:
+            params += [("lowerdir+", layer) for layer in val.split(":")]
+        else:
+            params.append((name, val if eq else None))
+    fs = _sys(f"fsopen overlay for {target}", _SYS_FSOPEN, b"overlay", ctypes.c_uint(1))
+    try:
+        for key, value in params:
+            if value is not None and len(value.encode()) > _MAX_VALUE:
+                raise Internal(f"overlay option {key} for {target} is longer than "
+                               f"{_MAX_VALUE} bytes")
+            _sys(f"overlay option {key}={value} for {target}", _SYS_FSCONFIG, ctypes.c_int(fs),
+                 ctypes.c_uint(_FSCONFIG_SET_FLAG if value is None else _FSCONFIG_SET_STRING),
+                 key.encode(), None if value is None else value.encode(), ctypes.c_int(0))
+        _sys(f"create overlay for {target}", _SYS_FSCONFIG, ctypes.c_int(fs),
+             ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None, ctypes.c_int(0))
+        attrs = sum(bit for flag, bit in _MOUNT_ATTRS.items() if flags & flag)
+        mfd = _sys(f"fsmount overlay for {target}", _SYS_FSMOUNT, ctypes.c_int(fs),
+                   ctypes.c_uint(1), ctypes.c_uint(attrs))
+        try:
+            _sys(f"move overlay mount to {target}", _SYS_MOVE_MOUNT, ctypes.c_int(mfd), b"",
+                 ctypes.c_int(_AT_FDCWD), target.encode(),
+                 ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH))
+        finally:
+            os.close(mfd)
+    finally:
+        os.close(fs)

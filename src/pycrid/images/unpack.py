@@ -28,6 +28,7 @@ import zstandard
 
 from pycrid.errors import DataLoss, InvalidArgument, NotFound, PermissionDenied
 from pycrid.images import mount as mnt
+from pycrid.images import oci
 from pycrid.images.overlay import TEMP_PREFIX
 from pycrid.images.snapshots import Kind, Snapshotter
 
@@ -112,6 +113,40 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+def _clear_opaque(directory: str, created: set[str]) -> None:
+    """Empty ``directory`` of everything this layer did not write, at any depth.
+
+    A directory this layer wrote may still hold entries of lower layers (a dir
+    entry over an existing dir keeps it), so the sweep descends into it.
+    """
+    for name in os.listdir(directory):
+        child = os.path.join(directory, name)
+        if child not in created:
+            _remove(child)
+        elif stat.S_ISDIR(os.lstat(child).st_mode):
+            _clear_opaque(child, created)
+
+
+def _is_real_dir_inside(root: str, path: str) -> bool:
+    """True when every component from ``root`` down to ``path`` is a directory, not a link.
+
+    Directory times are set after the whole layer, when a later entry may have
+    turned one of the path's parents into a symlink; a path that no longer
+    passes this check is skipped rather than followed out of the root.
+    """
+    current = root
+    for comp in os.path.relpath(path, root).split("/"):
+        if comp in ("", ".", ".."):
+            return False
+        current = os.path.join(current, comp)
+        try:
+            if not stat.S_ISDIR(os.lstat(current).st_mode):
+                return False
+        except FileNotFoundError:
+            return False
+    return True
+
+
 def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
     os.lchown(path, info.uid, info.gid)
     if not is_link:
@@ -149,7 +184,7 @@ def apply_tar(
             raise DataLoss(f"layer archive is corrupt: {e}") from None
         raise
     for path, mtime in reversed(dir_times):
-        with contextlib.suppress(FileNotFoundError):
+        if _is_real_dir_inside(res.root, path):
             os.utime(path, (mtime, mtime), follow_symlinks=False)
     return written
 
@@ -167,12 +202,14 @@ def _apply_entry(res: _Resolver, tf: tarfile.TarFile, info: tarfile.TarInfo,
         except NotFound:
             return 0  # nothing there to hide
         if base == _OPAQUE:
-            for name in os.listdir(parent):
-                child = os.path.join(parent, name)
-                if child not in res.created:
-                    _remove(child)
-        else:
-            _remove(os.path.join(parent, base[len(_WHITEOUT):]))
+            _clear_opaque(parent, res.created)
+            return 0
+        hidden = base[len(_WHITEOUT):]
+        if hidden in ("", ".", "..") or hidden.startswith(_WHITEOUT):
+            # ".wh.." would name the parent itself and ".wh..." its parent: a whiteout
+            # may only ever hide an entry *inside* the directory it sits in.
+            raise DataLoss(f"{what}: malformed whiteout")
+        _remove(os.path.join(parent, hidden))
         return 0
     if info.ischr() or info.isblk():
         if not allow_device_nodes:
@@ -252,10 +289,20 @@ class _HashingReader:
             pass
 
 
+#: Layer types we unpack. The compression is then told by magic bytes, not by the
+#: type, because registries are known to label gzip layers as plain tar and back.
+LAYER_MEDIA_TYPES = frozenset({
+    oci.MT_OCI_LAYER, oci.MT_OCI_LAYER_GZIP, oci.MT_OCI_LAYER_ZSTD,
+    oci.MT_OCI_LAYER_NONDIST_GZIP, oci.MT_DOCKER_LAYER, oci.MT_DOCKER_LAYER_GZIP,
+    "application/vnd.oci.image.layer.nondistributable.v1.tar",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd",
+    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+})
+
+
 def _decompressed(raw: BinaryIO, media_type: str) -> Any:
     """A reader of the uncompressed tar; the format is told by the stream's magic bytes."""
-    mt = media_type.lower()
-    if mt and not ("tar" in mt or "layer" in mt):
+    if media_type and media_type not in LAYER_MEDIA_TYPES:
         raise InvalidArgument(f"unsupported layer media type {media_type!r}")
     head = raw.read(4)
     raw.seek(0)
@@ -313,15 +360,23 @@ def unpack_layer(snapshotter: Snapshotter, *, blob_path: str, media_type: str, d
         if got != diff_id:
             raise DataLoss(f"layer diffID mismatch: config says {diff_id}, content is {got}")
     except BaseException:
+        _discard(snapshotter, key, target)
+        raise
+    try:
+        _release(target)
+        snapshotter.commit(chain_id, key)
+    except BaseException:
+        _discard(snapshotter, key, target)
+        raise
+
+
+def _discard(snapshotter: Snapshotter, key: str, target: str | None) -> None:
+    """Undo a failed unpack without hiding why it failed; ``cleanup()`` catches the rest."""
+    try:
         _release(target)
         snapshotter.remove(key)
-        raise
-    _release(target)
-    try:
-        snapshotter.commit(chain_id, key)
     except Exception:
-        snapshotter.remove(key)
-        raise
+        log.exception("cannot remove scratch snapshot %s of a failed unpack", key)
 
 
 def _release(target: str | None) -> None:
