@@ -10,6 +10,8 @@ lives for one test.
 
 from __future__ import annotations
 
+import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -98,3 +100,16 @@ def registry_factory(tmp_path: Path, pki: TestPKI) -> Iterator[Callable[..., Loc
     yield make
     for reg in made:
         reg.stop()
+
+
+@pytest.fixture
+def canary() -> Iterator[Path]:
+    """A directory outside every root that no layer may touch (hostile-layer tests)."""
+    path = Path("/tmp") / f"pycrid-canary-{secrets.token_hex(4)}"
+    path.mkdir()
+    (path / "keep").write_text("untouched")
+    (path / "sub").mkdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)

@@ -365,20 +365,6 @@ def test_stalled_registry_times_out(tmp_path: Path) -> None:
 # ---- hostile layers ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def canary() -> Iterator[Path]:
-    """A directory outside every root that no layer may touch."""
-    path = Path("/tmp") / f"pycrid-canary-{secrets.token_hex(4)}"
-    path.mkdir()
-    (path / "keep").write_text("untouched")
-    try:
-        yield path
-    finally:
-        for p in sorted(path.rglob("*"), reverse=True):
-            p.unlink() if not p.is_dir() or p.is_symlink() else p.rmdir()
-        path.rmdir()
-
-
 def hostile(canary: Path) -> dict[str, tuple[list[Entry], str | None]]:
     """name -> (layer entries, expected gRPC code name or None when the pull must succeed)."""
     depth = "../" * 12

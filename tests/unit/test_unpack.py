@@ -11,7 +11,6 @@ import gzip
 import hashlib
 import io
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,20 +39,6 @@ def snapshot_tree(path: Path) -> dict[str, tuple[int, bytes | str]]:
         else:
             out[str(p)] = (st.st_mode, "")
     return out
-
-
-@pytest.fixture
-def canary() -> Iterator[Path]:
-    path = Path("/tmp") / f"pycrid-canary-{secrets.token_hex(4)}"
-    path.mkdir()
-    (path / "keep").write_text("untouched")
-    (path / "sub").mkdir()
-    try:
-        yield path
-    finally:
-        for p in sorted(path.rglob("*"), reverse=True):
-            p.unlink() if not p.is_dir() or p.is_symlink() else p.rmdir()
-        path.rmdir()
 
 
 def apply(root: Path, entries: list[Entry], **kw: bool) -> int:
