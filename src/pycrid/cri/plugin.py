@@ -52,5 +52,5 @@ class CRIPlugin:
         self._ready()
 
     async def close(self) -> None:
+        # The parts are plugins of their own and are closed by the registry after us.
         self.gate.ready = False
-        await self.core.images.close()
