@@ -44,7 +44,10 @@ def _is_table(value: Any) -> bool:
 def _items(obj: Any) -> list[tuple[str, Any, str]]:
     """(key, value, comment) for a dataclass instance or a dict."""
     if dataclasses.is_dataclass(obj):
-        return [(f.name, getattr(obj, f.name), field_help(f)) for f in dataclasses.fields(obj)]
+        # Only declared keys (made with ``cfg``, so they carry a comment) are config keys;
+        # ``Config.plugins`` holds the decoded sections and is written per plugin instead.
+        return [(f.name, getattr(obj, f.name), field_help(f)) for f in dataclasses.fields(obj)
+                if "help" in f.metadata]
     return [(k, v, "") for k, v in obj.items()]
 
 
