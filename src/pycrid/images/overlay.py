@@ -22,11 +22,8 @@ import threading
 import time
 
 from pycrid.errors import AlreadyExists, FailedPrecondition, NotFound
-from pycrid.images.snapshots import Info, Kind, Mount, Snapshotter, Usage
+from pycrid.images.snapshots import TEMP_PREFIX, Info, Kind, Mount, Snapshotter, Usage
 from pycrid.store.db import Database
-
-#: Active snapshots with keys starting so are unpack scratch space, never worth keeping.
-TEMP_PREFIX = "extract-"
 
 
 def _m1(c: sqlite3.Connection) -> None:

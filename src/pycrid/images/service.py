@@ -31,10 +31,9 @@ from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.oci import INDEX_TYPES, Descriptor, Platform, host_platform
-from pycrid.images.overlay import OverlaySnapshotter
 from pycrid.images.reference import Reference, parse_reference
 from pycrid.images.registry import RegistryClient
-from pycrid.images.snapshots import Kind
+from pycrid.images.snapshots import Kind, Snapshotter
 from pycrid.images.unpack import cleanup_mounts, unpack_layer
 from pycrid.store.images import ImageRecord, ImageStore
 
@@ -96,7 +95,7 @@ class ImageService:
         *,
         store: ImageStore,
         content: ContentStore,
-        snapshotter: OverlaySnapshotter,
+        snapshotter: Snapshotter,
         client: RegistryClient,
         config: ImagesConfig,
         mount_dir: str,
@@ -116,7 +115,6 @@ class ImageService:
         self._no_gc_running.set()
         self._chain_locks: dict[str, asyncio.Lock] = {}
         self._gc_lock = asyncio.Lock()
-        self._usage: dict[str, tuple[int, int]] = {}
         os.makedirs(mount_dir, mode=0o700, exist_ok=True)
 
     # ---- lookups -------------------------------------------------------------------------

@@ -13,6 +13,10 @@ import abc
 import enum
 from dataclasses import dataclass, field
 
+#: Keys of scratch snapshots (a layer being unpacked); every snapshotter's ``cleanup()``
+#: removes them, since a crash is the only way one outlives its unpack.
+TEMP_PREFIX = "extract-"
+
 
 class Kind(enum.Enum):
     ACTIVE = "active"

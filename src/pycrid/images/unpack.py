@@ -29,8 +29,7 @@ import zstandard
 from pycrid.errors import DataLoss, InvalidArgument, NotFound, PermissionDenied
 from pycrid.images import mount as mnt
 from pycrid.images import oci
-from pycrid.images.overlay import TEMP_PREFIX
-from pycrid.images.snapshots import Kind, Snapshotter
+from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
 
 log = logging.getLogger(__name__)
 
