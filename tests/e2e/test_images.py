@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -411,3 +412,38 @@ def test_hostile_layers(tmp_path: Path, hosts: str, registry: LocalRegistry,
         for name in cases:
             d.client.remove(f"{registry.host}/hostile/{name}:latest")
         assert_nothing_left(d)
+
+
+def test_kill_mid_pull_then_restart_leaves_nothing(tmp_path: Path, hosts: str,
+                                                   registry: LocalRegistry,
+                                                   test_images: TestImages) -> None:
+    layers = [big_layer(6, seed=100 + i) for i in range(5)]
+    build = build_image(layers)
+    tag = secrets.token_hex(4)
+    push(registry, "crash/big", tag, build)
+    ref = f"{registry.host}/crash/big:{tag}"
+    config = config_for(hosts, test_images.pause.ref(registry))
+    with running_daemon(str(tmp_path), config) as d:
+        errors: list[BaseException] = []
+
+        def pull() -> None:
+            try:
+                d.client.pull(ref)
+            except BaseException as e:
+                errors.append(e)
+
+        t = threading.Thread(target=pull)
+        t.start()
+        snaps = Path(d.root, "snapshots", "overlayfs", "snapshots")
+        deadline = time.monotonic() + 30
+        # Kill once the pull is part-way: some layers unpacked, not all.
+        while time.monotonic() < deadline and len(list(snaps.glob("*"))) < 2:
+            time.sleep(0.005)
+        d.proc.kill()
+        d.proc.wait()
+        t.join(30)
+        assert errors, "the pull should have died with the daemon"
+    with running_daemon(str(tmp_path), config) as d:
+        assert "image store recovered" in d.log()
+        assert_nothing_left(d)
+        assert d.client.pull(ref) == build.config_digest
