@@ -58,6 +58,9 @@ def _serve(args: argparse.Namespace) -> int:
     logsetup.setup(args.log_level or cfg.debug.level, args.log_format or cfg.debug.format)
     try:
         asyncio.run(serve(loaded))
+    except ConfigError as e:  # found while starting (e.g. an unreadable TLS file)
+        logging.getLogger("pycrid").error("invalid configuration: %s", e)
+        return 2
     except PycridError as e:
         logging.getLogger("pycrid").error("%s", e)
         return 1

@@ -10,13 +10,14 @@ import logging
 import os
 import signal
 import socket
-from typing import Any
 
 import grpc
 
 from pycrid import __version__
 from pycrid.builtins import GRPC, registry
+from pycrid.config.decode import ConfigError
 from pycrid.config.loader import LoadedConfig
+from pycrid.config.schema import GrpcConfig
 from pycrid.errors import FailedPrecondition
 from pycrid.plugin.registry import init_all
 
@@ -72,17 +73,20 @@ class SocketLock:
             self._fd = None
 
 
-def _tcp_credentials(cfg: Any) -> grpc.ServerCredentials | None:
+def _read(key: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+
+
+def _tcp_credentials(cfg: GrpcConfig) -> grpc.ServerCredentials | None:
     if not cfg.tcp_tls_cert:
         return None
-    with open(cfg.tcp_tls_cert, "rb") as f:
-        cert = f.read()
-    with open(cfg.tcp_tls_key, "rb") as f:
-        key = f.read()
-    ca = None
-    if cfg.tcp_tls_ca:
-        with open(cfg.tcp_tls_ca, "rb") as f:
-            ca = f.read()
+    cert = _read("grpc.tcp_tls_cert", cfg.tcp_tls_cert)
+    key = _read("grpc.tcp_tls_key", cfg.tcp_tls_key)
+    ca = _read("grpc.tcp_tls_ca", cfg.tcp_tls_ca) if cfg.tcp_tls_ca else None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
                                        require_client_auth=ca is not None)
 
@@ -124,8 +128,8 @@ async def serve(loaded: LoadedConfig) -> None:
         cri_cfg = loaded.plugins.get(f"{GRPC}.cri")
         if cri_cfg is not None and not cri_cfg.disable_tcp_service:
             if not cfg.grpc.tcp_address:
-                raise FailedPrecondition(
-                    "disable_tcp_service is false but [grpc] tcp_address is empty")
+                raise ConfigError("grpc.tcp_address",
+                                  "must be set when disable_tcp_service is false")
             creds = _tcp_credentials(cfg.grpc)
             if creds is None:
                 server.add_insecure_port(cfg.grpc.tcp_address)

@@ -176,3 +176,21 @@ def test_disabling_a_needed_plugin_stops_startup_with_its_name(tmp_path: Path) -
     assert "pycrid.grpc.v1.cri" in proc.stderr
     assert "pycrid.cri.v1.images" in proc.stderr and "disabled" in proc.stderr
     assert not (tmp_path / "s" / "x.sock").exists()
+
+
+def test_tcp_listener_config_errors_name_the_key(tmp_path: Path) -> None:
+    for body, key in (
+        ('[plugins."pycrid.grpc.v1.cri"]\ndisable_tcp_service = false\n', "grpc.tcp_address"),
+        ('[grpc]\ntcp_address = "127.0.0.1:0"\ntcp_tls_cert = "/nonexistent/cert.pem"\n'
+         'tcp_tls_key = "/nonexistent/key.pem"\n'
+         '[plugins."pycrid.grpc.v1.cri"]\ndisable_tcp_service = false\n', "grpc.tcp_tls_cert"),
+    ):
+        path = tmp_path / "config.toml"
+        path.write_text("version = 2\n" + body)
+        proc = subprocess.run(
+            serve_command(str(path), str(tmp_path / "r"), str(tmp_path / "s"),
+                          str(tmp_path / "s" / "x.sock")),
+            capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert f"config key {key}" in proc.stderr
+        assert not (tmp_path / "s" / "x.sock").exists()
