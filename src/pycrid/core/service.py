@@ -18,6 +18,8 @@ from pycrid.images.service import ImageService
 
 RUNTIME_NAME = "pycrid"
 CRI_API_VERSION = "v1"
+#: VersionResponse.version: the kubelet API version, a constant in containerd and CRI-O too.
+KUBE_API_VERSION = "0.1.0"
 
 
 @dataclass(frozen=True)

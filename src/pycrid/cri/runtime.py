@@ -6,7 +6,7 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.service import CRIService
+from pycrid.core.service import KUBE_API_VERSION, CRIService
 
 
 class RuntimeServicer:
@@ -17,7 +17,7 @@ class RuntimeServicer:
 
     async def Version(self, request: Any, context: Any) -> Any:
         name, version, api = self.core.version()
-        return pb.VersionResponse(version="0.1.0", runtime_name=name, runtime_version=version,
+        return pb.VersionResponse(version=KUBE_API_VERSION, runtime_name=name, runtime_version=version,
                                   runtime_api_version=api)
 
     async def Status(self, request: Any, context: Any) -> Any:
