@@ -17,8 +17,8 @@ class RuntimeServicer:
 
     async def Version(self, request: Any, context: Any) -> Any:
         name, version, api = self.core.version()
-        return pb.VersionResponse(version=KUBE_API_VERSION, runtime_name=name, runtime_version=version,
-                                  runtime_api_version=api)
+        return pb.VersionResponse(version=KUBE_API_VERSION, runtime_name=name,
+                                  runtime_version=version, runtime_api_version=api)
 
     async def Status(self, request: Any, context: Any) -> Any:
         conds = [pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason,
