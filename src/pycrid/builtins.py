@@ -19,6 +19,8 @@ CONTENT = "pycrid.content.v1"
 SNAPSHOTTER = "pycrid.snapshotter.v1"
 CRI = "pycrid.cri.v1"
 GRPC = "pycrid.grpc.v1"
+RUNTIME = "pycrid.runtime.v1"
+SANDBOX = "pycrid.sandbox.v1"
 
 #: Config layout 1 kept the image keys in the CRI server's own section.
 _V1_CRI_SECTION = f"{GRPC}.cri"
@@ -105,23 +107,49 @@ async def _init_images(ctx: InitContext) -> Any:
     )
 
 
-async def _init_runtime(ctx: InitContext) -> Any:
-    # Holds the runtime config until pods and containers arrive.
+async def _init_runtime_config(ctx: InitContext) -> Any:
+    # The CRI runtime section: read by the runtime, sandbox and CRI plugins.
     return ctx.config
 
 
+async def _init_runc(ctx: InitContext) -> Any:
+    from pycrid.runtime.conmon import ConmonRuntime
+
+    config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
+    return ConmonRuntime(state_dir=ctx.properties["state"], runc=config.runtime_path,
+                         conmon=config.conmon_path,
+                         systemd_cgroup=config.cgroup_driver == "systemd")
+
+
+async def _init_podsandbox(ctx: InitContext) -> Any:
+    from pycrid.sandbox.pause import PauseController
+
+    config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
+    images = ctx.get_by_id(CRI, "images")
+    return PauseController(runtime=ctx.get_by_id(RUNTIME, "runc"),
+                           snapshotter=images.snapshotter, root_dir=ctx.properties["root"],
+                           state_dir=ctx.properties["state"],
+                           cgroup_driver="systemd" if config.cgroup_driver == "systemd"
+                           else "cgroupfs")
+
+
 async def _init_cri(ctx: InitContext) -> Any:
+    from pycrid.core.service import build_core
     from pycrid.cri.plugin import CRIPlugin
 
     loaded: LoadedConfig = ctx.properties["loaded_config"]
-    return CRIPlugin(
+    core = build_core(
+        db=ctx.get_by_id(METADATA, "sqlite"),
         images=ctx.get_by_id(CRI, "images"),
         runtime_config=ctx.get_by_id(CRI, "runtime"),
-        server_config=ctx.config,
+        runtime=ctx.get_by_id(RUNTIME, "runc"),
+        controller=ctx.get_by_id(SANDBOX, "podsandbox"),
+        root=ctx.properties["root"],
+        state=ctx.properties["state"],
         config=loaded.config,
         warnings=loaded.warnings,
-        ready=ctx.register_readiness(),
     )
+    return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness())
 
 
 def registry() -> Registry:
@@ -133,7 +161,10 @@ def registry() -> Registry:
     reg.register(Registration(type=CRI, id="images", requires=(METADATA, CONTENT, SNAPSHOTTER),
                               config=ImagesConfig, migrate=_migrate_images, init=_init_images))
     reg.register(Registration(type=CRI, id="runtime", config=RuntimeConfig,
-                              migrate=_migrate_runtime, init=_init_runtime))
-    reg.register(Registration(type=GRPC, id="cri", requires=(CRI,), config=CRIServerConfig,
-                              init=_init_cri))
+                              migrate=_migrate_runtime, init=_init_runtime_config))
+    reg.register(Registration(type=RUNTIME, id="runc", requires=(CRI,), init=_init_runc))
+    reg.register(Registration(type=SANDBOX, id="podsandbox", requires=(CRI, RUNTIME),
+                              init=_init_podsandbox))
+    reg.register(Registration(type=GRPC, id="cri", requires=(METADATA, CRI, RUNTIME, SANDBOX),
+                              config=CRIServerConfig, init=_init_cri))
     return reg

@@ -14,6 +14,11 @@ class PycridError(Exception):
     kind = "UNKNOWN"
 
 
+class Unknown(PycridError):
+    """A failure of an outside program (runc, conmon) that fits no other kind;
+    containerd answers these with gRPC Unknown too."""
+
+
 class NotFound(PycridError):
     kind = "NOT_FOUND"
 

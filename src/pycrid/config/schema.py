@@ -104,8 +104,12 @@ class ImagesConfig:
 class RuntimeConfig:
     """``[plugins."pycrid.cri.v1.runtime"]``."""
 
-    cgroup_driver: str = cfg("cgroupfs", "cgroup driver reported to the kubelet (RuntimeConfig).",
+    cgroup_driver: str = cfg("cgroupfs", "cgroup driver reported to the kubelet (RuntimeConfig)\n"
+                             "and used for pod and container cgroups.",
                              one_of("cgroupfs", "systemd"))
+    runtime_path: str = cfg("", "The runc binary (empty: search PATH and /usr/sbin).")
+    conmon_path: str = cfg("", "The conmon binary that watches each container\n"
+                           "(empty: search PATH).")
 
 
 @dataclass

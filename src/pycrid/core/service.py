@@ -1,20 +1,34 @@
-"""CRIService: the core that the CRI servicers call. Pods and containers join it next.
+"""CRIService: the core that the CRI servicers call.
 
-It holds the parts (the image service now; sandbox controller, runtime,
-network and NRI later) and answers the runtime-wide questions: version,
-readiness conditions, runtime config.
+It holds the parts (images, pods, containers; network and NRI later), owns the
+exit watcher that feeds exits to pods and containers, runs start-up recovery,
+and answers the runtime-wide questions: version, readiness conditions,
+runtime config.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from pycrid import __version__
 from pycrid.config.schema import Config, RuntimeConfig
+from pycrid.core.containers import ContainerManager, ContainerPaths
+from pycrid.core.pods import PodManager
+from pycrid.core.registrar import KeyedLocks
 from pycrid.images.service import ImageService
+from pycrid.oci.spec import CgroupDriver
+from pycrid.runtime.exits import Exit, ExitWatcher
+from pycrid.runtime.interface import ContainerRuntime
+from pycrid.sandbox.controller import SandboxController
+from pycrid.store.db import Database
+from pycrid.store.pods import container_store, sandbox_store
+
+log = logging.getLogger(__name__)
 
 RUNTIME_NAME = "pycrid"
 CRI_API_VERSION = "v1"
@@ -35,14 +49,39 @@ class CRIService:
         self,
         *,
         images: ImageService,
+        pods: PodManager,
+        containers: ContainerManager,
+        runtime: ContainerRuntime,
         runtime_config: RuntimeConfig,
         config: Config,
         warnings: list[str],
     ) -> None:
         self.images = images
+        self.pods = pods
+        self.containers = containers
+        self.runtime = runtime
         self.runtime_config = runtime_config
         self.config = config
         self.warnings = list(warnings)
+        self.exits = ExitWatcher(runtime.exit_dir, self._on_exit)
+
+    async def start(self) -> None:
+        """Start-up: watch exits first (so none is missed), then recover images, pods,
+        containers."""
+        self.exits.start()
+        await self.images.recover()
+        await self.pods.recover()
+        await self.containers.recover()
+        for sid, why in self.pods.store.broken + self.containers.store.broken:
+            log.error("record %s could not be read and is ignored: %s", sid, why)
+
+    def close(self) -> None:
+        """Containers keep running under conmon; only stop watching."""
+        self.exits.close()
+
+    def _on_exit(self, exit_: Exit) -> None:
+        if not self.pods.on_exit(exit_):
+            self.containers.on_exit(exit_)
 
     def version(self) -> tuple[str, str, str]:
         """(runtime name, runtime version, CRI API version)."""
@@ -75,3 +114,21 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_jsonable(v) for v in obj]
     return obj
+
+
+def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeConfig,
+               runtime: ContainerRuntime, controller: SandboxController, root: str, state: str,
+               config: Config, warnings: list[str]) -> CRIService:
+    """Wire the core from its parts (used by the CRI plugin and by tests)."""
+    locks = KeyedLocks()
+    sandboxes = sandbox_store(db)
+    driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
+                            else "cgroupfs")
+    containers = ContainerManager(
+        store=container_store(db), sandboxes=sandboxes, controller=controller,
+        runtime=runtime, images=images, paths=ContainerPaths(state_dir=state, root_dir=root),
+        locks=locks, cgroup_driver=driver)
+    pods = PodManager(store=sandboxes, controller=controller, containers=containers,
+                      images=images, netns_dir=os.path.join(state, "netns"), locks=locks)
+    return CRIService(images=images, pods=pods, containers=containers, runtime=runtime,
+                      runtime_config=runtime_config, config=config, warnings=warnings)

@@ -9,30 +9,20 @@ import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from pycrid.config.schema import Config, CRIServerConfig, RuntimeConfig
+from pycrid.config.schema import CRIServerConfig
 from pycrid.core.service import CRIService
 from pycrid.cri.images import ImageServicer
 from pycrid.cri.instrument import Gate, instrumented_servicer
 from pycrid.cri.runtime import RuntimeServicer
-from pycrid.images.service import ImageService
 
 log = logging.getLogger(__name__)
 
 
 class CRIPlugin:
-    def __init__(
-        self,
-        *,
-        images: ImageService,
-        runtime_config: RuntimeConfig,
-        server_config: CRIServerConfig,
-        config: Config,
-        warnings: list[str],
-        ready: Callable[[], None],
-    ) -> None:
+    def __init__(self, *, core: CRIService, server_config: CRIServerConfig,
+                 ready: Callable[[], None]) -> None:
         self.server_config = server_config
-        self.core = CRIService(images=images, runtime_config=runtime_config, config=config,
-                               warnings=warnings)
+        self.core = core
         self.gate = Gate()
         self._ready = ready
 
@@ -47,10 +37,11 @@ class CRIPlugin:
 
     async def start(self) -> None:
         """Recover, then open the gate: until here every call answered UNAVAILABLE."""
-        await self.core.images.recover()
+        await self.core.start()
         self.gate.ready = True
         self._ready()
 
     async def close(self) -> None:
         # The parts are plugins of their own and are closed by the registry after us.
         self.gate.ready = False
+        self.core.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.service import KUBE_API_VERSION, CRIService
+from pycrid.cri import pods as convert
 
 
 class RuntimeServicer:
@@ -30,3 +32,78 @@ class RuntimeServicer:
         driver = (pb.CgroupDriver.SYSTEMD if self.core.cgroup_driver() == "systemd"
                   else pb.CgroupDriver.CGROUPFS)
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=driver))
+
+    # ---- pod sandboxes -----------------------------------------------------------------
+
+    async def RunPodSandbox(self, request: Any, context: Any) -> Any:
+        sid = await self.core.pods.run(request.config, request.runtime_handler)
+        return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
+
+    async def StopPodSandbox(self, request: Any, context: Any) -> Any:
+        await self.core.pods.stop(request.pod_sandbox_id)
+        return pb.StopPodSandboxResponse()
+
+    async def RemovePodSandbox(self, request: Any, context: Any) -> Any:
+        await self.core.pods.remove(request.pod_sandbox_id)
+        return pb.RemovePodSandboxResponse()
+
+    async def PodSandboxStatus(self, request: Any, context: Any) -> Any:
+        rec = self.core.pods.find(request.pod_sandbox_id)
+        resp = pb.PodSandboxStatusResponse(status=convert.sandbox_status_pb(rec),
+                                           timestamp=time.time_ns())
+        if request.verbose:
+            status = await self.core.pods.controller.status(rec.id)
+            resp.info.update(convert.sandbox_info(
+                rec, self.core.pods.bundle(rec.id), self.core.images.snapshotter.name,
+                status.state))
+            resp.containers_statuses.extend(
+                convert.container_status_pb(c) for c in self.core.containers.of_sandbox(rec.id))
+        return resp
+
+    async def ListPodSandbox(self, request: Any, context: Any) -> Any:
+        flt = request.filter if request.HasField("filter") else None
+        return pb.ListPodSandboxResponse(
+            items=[convert.sandbox_pb(r) for r in self.core.pods.list(flt)])
+
+    # ---- containers --------------------------------------------------------------------
+
+    async def CreateContainer(self, request: Any, context: Any) -> Any:
+        sandbox_config = request.sandbox_config if request.HasField("sandbox_config") else None
+        cid = await self.core.containers.create(request.pod_sandbox_id, request.config,
+                                                sandbox_config)
+        return pb.CreateContainerResponse(container_id=cid)
+
+    async def StartContainer(self, request: Any, context: Any) -> Any:
+        await self.core.containers.start(request.container_id)
+        return pb.StartContainerResponse()
+
+    async def StopContainer(self, request: Any, context: Any) -> Any:
+        await self.core.containers.stop(request.container_id, request.timeout)
+        return pb.StopContainerResponse()
+
+    async def RemoveContainer(self, request: Any, context: Any) -> Any:
+        await self.core.containers.remove(request.container_id)
+        return pb.RemoveContainerResponse()
+
+    async def ListContainers(self, request: Any, context: Any) -> Any:
+        flt = request.filter if request.HasField("filter") else None
+        return pb.ListContainersResponse(
+            containers=[convert.container_pb(r) for r in self.core.containers.list(flt)])
+
+    async def ContainerStatus(self, request: Any, context: Any) -> Any:
+        rec = self.core.containers.find(request.container_id)
+        resp = pb.ContainerStatusResponse(status=convert.container_status_pb(rec))
+        if request.verbose:
+            resp.info.update(convert.container_info(
+                rec, self.core.containers.paths.bundle(rec.id),
+                self.core.images.snapshotter.name))
+        return resp
+
+    async def ExecSync(self, request: Any, context: Any) -> Any:
+        code, out, err = await self.core.containers.exec_sync(
+            request.container_id, request.cmd, request.timeout)
+        return pb.ExecSyncResponse(stdout=out, stderr=err, exit_code=code)
+
+    async def ReopenContainerLog(self, request: Any, context: Any) -> Any:
+        await self.core.containers.reopen_log(request.container_id)
+        return pb.ReopenContainerLogResponse()

@@ -1,0 +1,407 @@
+"""Containers: create, start, stop, remove, status, list, exec-sync.
+
+Each operation is one function that records its intent, does its steps with
+their undo pushed on an ``AsyncExitStack`` right after each succeeds, and
+records the result (containerd's container_create.go pattern). Exits come
+from the exit watcher through ``on_exit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
+from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+from pycrid.faults import failpoint
+from pycrid.images.service import ImageService
+from pycrid.oci.spec import CgroupDriver, container_spec
+from pycrid.runtime.bundle import (
+    copy_image_volume,
+    prepare_rootfs,
+    read_etc,
+    read_spec,
+    remove_bundle,
+    write_spec,
+)
+from pycrid.runtime.exits import Exit, ExitWaiters
+from pycrid.runtime.interface import ContainerRuntime, CreateOptions
+from pycrid.sandbox.controller import SandboxController
+from pycrid.sandbox.pause import own_oom_score_adj
+from pycrid.store.pods import CREATING, REMOVING, ContainerRecord, RecordStore, SandboxRecord
+
+log = logging.getLogger(__name__)
+
+#: ExecSync keeps at most this much of each stream (containerd's limit).
+EXEC_OUTPUT_CAP = 16 * 1024 * 1024
+#: How long to wait for an exit after SIGKILL before calling the container lost.
+KILL_WAIT = 30.0
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def state_name(state: pb.ContainerState.ValueType) -> str:
+    return pb.ContainerState.Name(state)
+
+
+def parse_signal(value: str) -> str:
+    """An image's StopSignal (``SIGINT``, ``INT`` or ``2``) as a signal name."""
+    text = value.strip().upper()
+    if not text:
+        return "SIGTERM"
+    if text.isdigit():
+        try:
+            return signal.Signals(int(text)).name
+        except ValueError:
+            raise InvalidArgument(f"invalid stop signal {value!r}") from None
+    name = text if text.startswith("SIG") else "SIG" + text
+    if name not in signal.Signals.__members__:
+        raise InvalidArgument(f"invalid stop signal {value!r}")
+    return name
+
+
+def _validate(config: pb.ContainerConfig) -> None:
+    if not config.HasField("metadata") or not config.metadata.name:
+        raise InvalidArgument("container config must include metadata with a name")
+    if not config.image.image:
+        raise InvalidArgument(f"container {config.metadata.name!r}: image is not set")
+
+
+def labels_match(selector: Any, labels: Any) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@dataclass
+class ContainerPaths:
+    state_dir: str
+    root_dir: str
+
+    def bundle(self, cid: str) -> str:
+        return os.path.join(self.state_dir, "containers", cid)
+
+    def volumes(self, cid: str) -> str:
+        return os.path.join(self.root_dir, "containers", cid)
+
+
+class ContainerManager:
+    def __init__(self, *, store: RecordStore[ContainerRecord],
+                 sandboxes: RecordStore[SandboxRecord], controller: SandboxController,
+                 runtime: ContainerRuntime, images: ImageService, paths: ContainerPaths,
+                 locks: KeyedLocks, cgroup_driver: CgroupDriver = "auto") -> None:
+        self.store = store
+        self.sandboxes = sandboxes
+        self.controller = controller
+        self.runtime = runtime
+        self.images = images
+        self.paths = paths
+        self.locks = locks
+        self.cgroup_driver = cgroup_driver
+        self.names = NameRegistrar("container")
+        self.waiters = ExitWaiters(runtime.exit_of)
+        self._stop_signalled: set[str] = set()
+        os.makedirs(os.path.join(paths.state_dir, "containers"), mode=0o700, exist_ok=True)
+        os.makedirs(os.path.join(paths.root_dir, "containers"), mode=0o700, exist_ok=True)
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def find(self, prefix: str) -> ContainerRecord:
+        cid = resolve_prefix(self.store.ids(), prefix, "container")
+        rec = self.store.get(cid)
+        assert rec is not None
+        return rec
+
+    def of_sandbox(self, sandbox_id: str) -> list[ContainerRecord]:
+        return [c for c in self.store.all() if c.sandbox_id == sandbox_id]
+
+    def list(self, flt: pb.ContainerFilter | None) -> list[ContainerRecord]:
+        recs = [r for r in self.store.all() if r.phase != CREATING]
+        if flt is None:
+            return recs
+        if flt.id:
+            recs = [r for r in recs if r.id.startswith(flt.id)]
+        if flt.pod_sandbox_id:
+            recs = [r for r in recs if r.sandbox_id.startswith(flt.pod_sandbox_id)]
+        if flt.HasField("state"):
+            recs = [r for r in recs if r.state == flt.state.state]
+        if flt.label_selector:
+            recs = [r for r in recs if labels_match(flt.label_selector, r.config.labels)]
+        return recs
+
+    # ---- create --------------------------------------------------------------------------
+
+    async def create(self, sandbox_prefix: str, config: pb.ContainerConfig,
+                     sandbox_config: pb.PodSandboxConfig | None) -> str:
+        _validate(config)
+        if not sandbox_prefix:
+            raise InvalidArgument("pod_sandbox_id must not be empty")
+        sandbox = self.sandboxes.get(resolve_prefix(self.sandboxes.ids(), sandbox_prefix,
+                                                    "pod sandbox"))
+        assert sandbox is not None
+        async with self.locks(sandbox.id).read():
+            sandbox = self.sandboxes.get(sandbox.id)
+            if sandbox is None or not sandbox.ready:
+                raise FailedPrecondition(f"pod sandbox {sandbox_prefix} is not ready")
+            return await self._create(sandbox, config, sandbox_config)
+
+    async def _create(self, sandbox: SandboxRecord, config: pb.ContainerConfig,
+                      sandbox_config: pb.PodSandboxConfig | None) -> str:
+        image = self.images.resolve_local(config.image.image)
+        if image is None:
+            raise NotFound(f"image {config.image.image!r} not found: pull it first")
+        view = self.images.view(image)
+        image_config = json.loads(self.images.content.read(image.id))
+        md, pmd = config.metadata, sandbox.config.metadata
+        name = f"{md.name}_{pmd.name}_{pmd.namespace}_{pmd.uid}_{md.attempt}"
+        cid = secrets.token_hex(32)
+        pod_config = sandbox.config
+        if sandbox_config is not None and sandbox_config.linux.cgroup_parent:
+            pod_config = pb.PodSandboxConfig()
+            pod_config.CopyFrom(sandbox.config)
+            pod_config.linux.cgroup_parent = sandbox_config.linux.cgroup_parent
+        stop_signal = (pb.Signal.Name(config.stop_signal) if config.stop_signal
+                       else parse_signal((image_config.get("config") or {})
+                                         .get("StopSignal") or ""))
+        log_path = ""
+        if sandbox.config.log_directory and config.log_path:
+            log_path = os.path.join(sandbox.config.log_directory, config.log_path)
+
+        async with contextlib.AsyncExitStack() as undo:
+            self.names.reserve(name, cid)
+            undo.callback(self.names.release, name)
+            self.store.put(ContainerRecord(
+                id=cid, sandbox_id=sandbox.id, name=name, config=config,
+                created_at=now_ns(), image_id=image.id,
+                image_name=view.repo_tags[0] if view.repo_tags else config.image.image,
+                image_ref=view.repo_digests[0] if view.repo_digests else image.id,
+                log_path=log_path, stop_signal=stop_signal))
+            undo.callback(self.store.delete, cid)
+            failpoint("container.record")
+            undo.push_async_callback(self._cleanup, cid)
+            spec = await asyncio.to_thread(
+                self._prepare_bundle, cid, config, pod_config, sandbox, image_config,
+                image.chain[-1] if image.chain else None, config.image.image)
+            failpoint("container.bundle")
+            if log_path:
+                os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
+            pid = await self.runtime.create(CreateOptions(
+                id=cid, bundle=self.paths.bundle(cid), name=name, log_path=log_path,
+                tty=config.tty, stdin=config.stdin, stdin_once=config.stdin_once))
+            failpoint("container.created")
+            user = spec["process"]["user"]
+            self.store.update(cid, phase="created", pid=pid, uid=user["uid"], gid=user["gid"],
+                              groups=tuple(user.get("additionalGids") or ()))
+            undo.pop_all()
+        return cid
+
+    def _prepare_bundle(self, cid: str, config: pb.ContainerConfig,
+                        pod_config: pb.PodSandboxConfig, sandbox: SandboxRecord,
+                        image_config: dict[str, Any], parent: str | None,
+                        image_name: str) -> dict[str, Any]:
+        bundle = self.paths.bundle(cid)
+        rootfs = prepare_rootfs(self.images.snapshotter, cid, parent, bundle)
+        failpoint("container.rootfs")
+        volumes_dir = os.path.join(self.paths.volumes(cid), "volumes")
+        spec = container_spec(
+            config, pod_config, image_config, container_id=cid, sandbox_id=sandbox.id,
+            sandbox_pid=sandbox.pid, etc_passwd=read_etc(rootfs, "passwd"),
+            etc_group=read_etc(rootfs, "group"), image_name=image_name,
+            files=self.controller.files(sandbox.id), volumes_dir=volumes_dir,
+            node_hostname=os.uname().nodename, cgroup_v2=False,
+            cgroup_driver=self.cgroup_driver, min_oom_score_adj=own_oom_score_adj())
+        for m in spec["mounts"]:
+            if m["source"].startswith(volumes_dir + os.sep):
+                copy_image_volume(rootfs, m["destination"], m["source"])
+        for m in config.mounts:
+            if m.host_path and not os.path.exists(m.host_path):
+                os.makedirs(m.host_path, mode=0o755, exist_ok=True)  # as containerd does
+        write_spec(bundle, spec)
+        return spec
+
+    async def _cleanup(self, cid: str) -> None:
+        """Every trace of a container but its record and log (idempotent)."""
+        await self.runtime.delete(cid)
+        await asyncio.to_thread(remove_bundle, self.images.snapshotter, cid,
+                                self.paths.bundle(cid))
+        shutil.rmtree(self.paths.volumes(cid), ignore_errors=True)
+        self.runtime.forget_exit(cid)
+
+    # ---- start / stop / remove ----------------------------------------------------------
+
+    async def start(self, prefix: str) -> None:
+        rec = self.find(prefix)
+        async with self.locks(rec.id).write():
+            rec = self._current(rec.id)
+            if rec.phase != "created" or rec.state != pb.CONTAINER_CREATED:
+                raise FailedPrecondition(
+                    f"container {rec.id} is in {state_name(rec.state)} state, not created")
+            sandbox = self.sandboxes.get(rec.sandbox_id)
+            if sandbox is None or not sandbox.ready:
+                raise FailedPrecondition(f"pod sandbox {rec.sandbox_id} of container "
+                                         f"{rec.id} is not ready")
+            started = now_ns()
+            try:
+                failpoint("container.start")
+                await self.runtime.start(rec.id)
+            except Exception as e:
+                # containerd records a start failure as an exit with StartError, code 128.
+                self.store.update(rec.id, finished_at=now_ns(), exit_code=128,
+                                  reason="StartError", message=str(e))
+                await self.runtime.delete(rec.id)
+                raise
+            self.store.update(rec.id, started_at=started)
+
+    def _current(self, cid: str) -> ContainerRecord:
+        rec = self.store.get(cid)
+        if rec is None:
+            raise NotFound(f"container {cid} not found")
+        return rec
+
+    async def stop(self, prefix: str, grace: float) -> None:
+        """CRI-TO-OCI.md §4: unknown id or not running is success; signal, wait, SIGKILL."""
+        try:
+            rec = self.find(prefix)
+        except NotFound:
+            return
+        async with self.locks(rec.id).write():
+            await self.stop_locked(rec.id, grace)
+
+    async def stop_locked(self, cid: str, grace: float) -> None:
+        rec = self.store.get(cid)
+        if rec is None or rec.state not in (pb.CONTAINER_RUNNING, pb.CONTAINER_UNKNOWN):
+            return
+        if grace > 0:
+            if cid not in self._stop_signalled:
+                self._stop_signalled.add(cid)
+                await self.runtime.kill(cid, signal.Signals[rec.stop_signal].value)
+            exit_ = await self.waiters.wait(cid, grace)
+            if exit_ is not None:
+                self.on_exit(exit_)
+                return
+        await self.runtime.kill(cid, signal.SIGKILL)
+        exit_ = await self.waiters.wait(cid, KILL_WAIT)
+        if exit_ is None:
+            state = await self.runtime.state(cid)
+            if state is not None and state.get("status") not in ("stopped",):
+                raise DeadlineExceeded(f"container {cid} did not exit {KILL_WAIT:.0f}s "
+                                       "after SIGKILL")
+            exit_ = Exit(cid, 255, now_ns())
+            self._record_exit(exit_, reason="Unknown")
+        else:
+            self.on_exit(exit_)
+
+    async def remove(self, prefix: str) -> None:
+        try:
+            rec = self.find(prefix)
+        except NotFound:
+            return
+        async with self.locks(rec.id).write():
+            await self.remove_locked(rec.id)
+
+    async def remove_locked(self, cid: str) -> None:
+        rec = self.store.get(cid)
+        if rec is None:
+            return
+        if rec.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_UNKNOWN):
+            await self.stop_locked(cid, 0)
+        self.store.update(cid, phase=REMOVING)
+        failpoint("container.remove")
+        await self._cleanup(cid)
+        self.store.delete(cid)
+        self.names.release(rec.name)
+        self._stop_signalled.discard(cid)
+        self.locks.drop(cid)
+
+    # ---- exits ---------------------------------------------------------------------------
+
+    def on_exit(self, exit_: Exit) -> None:
+        rec = self.store.get(exit_.id)
+        if rec is None or rec.finished_at:
+            self.waiters.notify(exit_)
+            return
+        reason = ""
+        if exit_.code == 137 and self.runtime.oom_killed(self.paths.bundle(rec.id)):
+            reason = "OOMKilled"
+        self._record_exit(exit_, reason=reason)
+        self.waiters.notify(exit_)
+
+    def _record_exit(self, exit_: Exit, reason: str = "") -> None:
+        rec = self.store.get(exit_.id)
+        if rec is None or rec.finished_at:
+            return
+        if not reason:
+            reason = "Completed" if exit_.code == 0 else "Error"
+        self.store.update(rec.id, finished_at=exit_.at_ns, exit_code=exit_.code,
+                          reason=reason, pid=0)
+
+    # ---- exec ----------------------------------------------------------------------------
+
+    async def exec_sync(self, prefix: str, cmd: Sequence[str],
+                        limit_s: int) -> tuple[int, bytes, bytes]:
+        if not cmd:
+            raise InvalidArgument("exec command must not be empty")
+        rec = self.find(prefix)
+        if rec.state != pb.CONTAINER_RUNNING:
+            raise FailedPrecondition(
+                f"container {rec.id} is in {state_name(rec.state)} state, not running")
+        process = read_spec(self.paths.bundle(rec.id))["process"]
+        process["args"] = list(cmd)
+        process["terminal"] = False
+        try:
+            result = await self.runtime.exec_sync(
+                rec.id, process, limit=limit_s if limit_s > 0 else None,
+                output_cap=EXEC_OUTPUT_CAP)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"timeout {limit_s}s exceeded running {list(cmd)!r}: the process was killed"
+            ) from None
+        return result.exit_code, result.stdout, result.stderr
+
+    async def reopen_log(self, prefix: str) -> None:
+        rec = self.find(prefix)
+        if rec.state != pb.CONTAINER_RUNNING:
+            raise FailedPrecondition(f"container {rec.id} is not running")
+        await self.runtime.reopen_log(self.paths.bundle(rec.id))
+
+    # ---- restart -------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Reload records: finish or undo half-done work, then reconcile states with runc."""
+        for rec in self.store.all():
+            try:
+                await self._recover_one(rec)
+            except Exception:
+                log.exception("container %s: recovery failed; marking it unknown", rec.id)
+                if self.store.get(rec.id) is not None:
+                    self.store.update(rec.id, unknown=True)
+
+    async def _recover_one(self, rec: ContainerRecord) -> None:
+        if rec.phase in (CREATING, REMOVING) or self.sandboxes.get(rec.sandbox_id) is None:
+            log.info("container %s: removing what an interrupted %s left", rec.id,
+                     "removal" if rec.phase == REMOVING else "creation")
+            await self._cleanup(rec.id)
+            self.store.delete(rec.id)
+            return
+        self.names.reserve(rec.name, rec.id)
+        if rec.finished_at:
+            return
+        exit_ = self.runtime.exit_of(rec.id)
+        if exit_ is not None:
+            self.on_exit(exit_)
+            return
+        state = await self.runtime.state(rec.id)
+        if state is None or state.get("status") == "stopped":
+            self._record_exit(Exit(rec.id, 255, now_ns()), reason="Unknown")

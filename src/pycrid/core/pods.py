@@ -1,0 +1,222 @@
+"""Pod sandboxes: run, stop, remove, status, list.
+
+``run`` is the readable sequence of DESIGN.md: reserve the name, record the
+intent, make the network namespace, let the sandbox controller create and
+start the pause container, mark the pod ready; each step's undo is pushed
+right after it succeeds, so a failure at any point leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import uuid
+
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid.core.containers import ContainerManager, labels_match, now_ns
+from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
+from pycrid.errors import InvalidArgument, NotFound
+from pycrid.faults import failpoint
+from pycrid.images.service import ImageService
+from pycrid.network.netns import create_netns, is_pinned, remove_netns
+from pycrid.runtime.exits import Exit
+from pycrid.sandbox.controller import SandboxController, SandboxRequest
+from pycrid.store.images import ImageRecord
+from pycrid.store.pods import CREATING, REMOVING, RecordStore, SandboxRecord
+
+log = logging.getLogger(__name__)
+
+#: The runtime handlers pycrid knows; "" is the default one.
+RUNTIME_HANDLERS = ("", "runc")
+
+
+def _validate(config: pb.PodSandboxConfig, handler: str) -> None:
+    md = config.metadata
+    if not config.HasField("metadata") or not md.name or not md.namespace:
+        raise InvalidArgument("pod sandbox config must include metadata with a name and "
+                              "a namespace")
+    if handler not in RUNTIME_HANDLERS:
+        raise InvalidArgument(f"no runtime for handler {handler!r} is configured "
+                              f"(known: {', '.join(repr(h) for h in RUNTIME_HANDLERS)})")
+    opts = config.linux.security_context.namespace_options
+    if opts.network == pb.NODE and config.hostname:
+        # runc refuses a hostname without a private UTS namespace; say so up front.
+        raise InvalidArgument("a host-network pod shares the node's hostname: "
+                              "hostname must be empty")
+
+
+class PodManager:
+    def __init__(self, *, store: RecordStore[SandboxRecord], controller: SandboxController,
+                 containers: ContainerManager, images: ImageService, netns_dir: str,
+                 locks: KeyedLocks) -> None:
+        self.store = store
+        self.controller = controller
+        self.containers = containers
+        self.images = images
+        self.netns_dir = netns_dir
+        self.locks = locks
+        self.names = NameRegistrar("sandbox")
+        os.makedirs(netns_dir, mode=0o711, exist_ok=True)
+
+    def find(self, prefix: str) -> SandboxRecord:
+        sid = resolve_prefix(self.store.ids(), prefix, "pod sandbox")
+        rec = self.store.get(sid)
+        assert rec is not None
+        return rec
+
+    def list(self, flt: pb.PodSandboxFilter | None) -> list[SandboxRecord]:
+        recs = [r for r in self.store.all() if r.phase != CREATING]
+        if flt is None:
+            return recs
+        if flt.id:
+            recs = [r for r in recs if r.id.startswith(flt.id)]
+        if flt.HasField("state"):
+            want_ready = flt.state.state == pb.SANDBOX_READY
+            recs = [r for r in recs if r.ready == want_ready]
+        if flt.label_selector:
+            recs = [r for r in recs if labels_match(flt.label_selector, r.config.labels)]
+        return recs
+
+    # ---- run -----------------------------------------------------------------------------
+
+    async def run(self, config: pb.PodSandboxConfig, handler: str) -> str:
+        _validate(config, handler)
+        md = config.metadata
+        name = f"{md.name}_{md.namespace}_{md.uid}_{md.attempt}"
+        sid = secrets.token_hex(32)
+        host_network = config.linux.security_context.namespace_options.network == pb.NODE
+        async with self.locks(sid).write(), contextlib.AsyncExitStack() as undo:
+            self.names.reserve(name, sid)
+            undo.callback(self.names.release, name)
+            image = await self._sandbox_image()
+            netns = "" if host_network else os.path.join(self.netns_dir, f"cni-{uuid.uuid4()}")
+            self.store.put(SandboxRecord(
+                id=sid, name=name, config=config, runtime_handler=handler,
+                created_at=now_ns(), netns=netns, image_id=image.id,
+                image_name=self.images.config.sandbox_image))
+            undo.callback(self.store.delete, sid)
+            failpoint("sandbox.record")
+            if netns:
+                await asyncio.to_thread(create_netns, netns)
+                undo.callback(remove_netns, netns)
+                failpoint("sandbox.netns")
+            undo.push_async_callback(self.controller.shutdown, sid)
+            await self.controller.create(SandboxRequest(
+                id=sid, config=config, image_name=self.images.config.sandbox_image,
+                image_config=json.loads(self.images.content.read(image.id)),
+                image_chain_top=image.chain[-1], netns=netns))
+            pid = await self.controller.start(sid)
+            self.store.update(sid, phase="ready", pid=pid)
+            undo.pop_all()
+        return sid
+
+    async def _sandbox_image(self) -> ImageRecord:
+        ref = self.images.config.sandbox_image
+        image = self.images.resolve_local(ref)
+        if image is None:
+            log.info("pulling sandbox image %s", ref)
+            image = await self.images.pull(ref, None)
+        if not image.chain:
+            raise InvalidArgument(f"sandbox image {ref} has no layers")
+        return image
+
+    # ---- stop / remove -------------------------------------------------------------------
+
+    async def stop(self, prefix: str) -> None:
+        """§4: every container killed, then the pause, then /dev/shm and the netns (idempotent)."""
+        try:
+            rec = self.find(prefix)
+        except NotFound:
+            return
+        async with self.locks(rec.id).write():
+            await self._stop_locked(rec.id)
+
+    async def _stop_locked(self, sid: str) -> None:
+        for c in self.containers.of_sandbox(sid):
+            async with self.locks(c.id).write():
+                await self.containers.stop_locked(c.id, 0)
+        failpoint("sandbox.stop")
+        await self.controller.stop(sid)
+        rec = self.store.get(sid)
+        if rec is not None and rec.netns:
+            await asyncio.to_thread(remove_netns, rec.netns)
+        if rec is not None and rec.phase == "ready":
+            self.store.update(sid, phase="notready")
+
+    async def remove(self, prefix: str) -> None:
+        try:
+            rec = self.find(prefix)
+        except NotFound:
+            return
+        async with self.locks(rec.id).write():
+            await self._stop_locked(rec.id)
+            self.store.update(rec.id, phase=REMOVING)
+            await self._remove_rest(rec)
+
+    async def _remove_rest(self, rec: SandboxRecord) -> None:
+        for c in self.containers.of_sandbox(rec.id):
+            async with self.locks(c.id).write():
+                await self.containers.remove_locked(c.id)
+        failpoint("sandbox.remove")
+        await self.controller.shutdown(rec.id)
+        if rec.netns:
+            await asyncio.to_thread(remove_netns, rec.netns)
+        self.store.delete(rec.id)
+        self.names.release(rec.name)
+        self.locks.drop(rec.id)
+
+    # ---- exits and restart ---------------------------------------------------------------
+
+    def on_exit(self, exit_: Exit) -> bool:
+        """The pause process ended: the pod is no longer ready. False if not a sandbox."""
+        rec = self.store.get(exit_.id)
+        if rec is None:
+            return False
+        self.controller.exited(rec.id, exit_)
+        if rec.phase == "ready":
+            log.warning("pause process of pod %s exited with %d", rec.id, exit_.code)
+            self.store.update(rec.id, phase="notready")
+        return True
+
+    async def recover(self) -> None:
+        for rec in self.store.all():
+            try:
+                await self._recover_one(rec)
+            except Exception:
+                log.exception("pod sandbox %s: recovery failed; marking it not ready", rec.id)
+                if self.store.get(rec.id) is not None:
+                    self.store.update(rec.id, phase="notready")
+
+    async def _recover_one(self, rec: SandboxRecord) -> None:
+        if rec.phase == CREATING:
+            log.info("pod sandbox %s: undoing an interrupted creation", rec.id)
+            for c in self.containers.of_sandbox(rec.id):
+                await self.containers.remove_locked(c.id)
+            await self.controller.shutdown(rec.id)
+            if rec.netns:
+                await asyncio.to_thread(remove_netns, rec.netns)
+            self.store.delete(rec.id)
+            return
+        self.names.reserve(rec.name, rec.id)
+        if rec.phase == REMOVING:
+            log.info("pod sandbox %s: finishing an interrupted removal", rec.id)
+            await self._stop_locked(rec.id)
+            await self._remove_rest(rec)
+            return
+        if rec.phase == "ready":
+            status = await self.controller.status(rec.id)
+            alive = status.state == "running" and self.controller_exit(rec.id) is None
+            if not alive or (rec.netns and not is_pinned(rec.netns)):
+                self.store.update(rec.id, phase="notready")
+
+    def controller_exit(self, sid: str) -> Exit | None:
+        return self.containers.runtime.exit_of(sid)
+
+    def bundle(self, sid: str) -> str:
+        """Where the sandbox's runtime spec lives (for verbose status)."""
+        return os.path.join(self.containers.paths.state_dir, "sandboxes", sid)

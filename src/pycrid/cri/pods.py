@@ -1,0 +1,104 @@
+"""Pod and container records as CRI protobufs (CRI-TO-OCI.md §3). No behaviour here."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+from google.protobuf.json_format import MessageToDict
+
+from pycrid.network.netns import is_pinned
+from pycrid.store.pods import ContainerRecord, SandboxRecord
+
+RUNTIME_TYPE = "pycrid.runtime.v1.runc"
+
+
+def sandbox_state(rec: SandboxRecord) -> pb.PodSandboxState.ValueType:
+    return pb.SANDBOX_READY if rec.ready else pb.SANDBOX_NOTREADY
+
+
+def sandbox_pb(rec: SandboxRecord) -> Any:
+    return pb.PodSandbox(id=rec.id, metadata=rec.config.metadata, state=sandbox_state(rec),
+                         created_at=rec.created_at, labels=rec.config.labels,
+                         annotations=rec.config.annotations,
+                         runtime_handler=rec.runtime_handler)
+
+
+def sandbox_status_pb(rec: SandboxRecord) -> Any:
+    status = pb.PodSandboxStatus(
+        id=rec.id, metadata=rec.config.metadata, state=sandbox_state(rec),
+        created_at=rec.created_at, network=pb.PodSandboxNetworkStatus(),
+        labels=rec.config.labels, annotations=rec.config.annotations,
+        runtime_handler=rec.runtime_handler)
+    status.linux.namespaces.options.CopyFrom(
+        rec.config.linux.security_context.namespace_options)
+    return status
+
+
+def sandbox_info(rec: SandboxRecord, bundle: str, snapshotter: str,
+                 process_status: str) -> dict[str, str]:
+    info = {
+        "pid": rec.pid,
+        "processStatus": process_status,
+        "netNamespaceClosed": bool(rec.netns) and not is_pinned(rec.netns),
+        "netns": rec.netns,
+        "image": rec.image_name,
+        "snapshotKey": rec.id,
+        "snapshotter": snapshotter,
+        "runtimeType": RUNTIME_TYPE,
+        "config": MessageToDict(rec.config),
+        "runtimeSpec": _spec(bundle),
+    }
+    return {"info": json.dumps(info)}
+
+
+def container_pb(rec: ContainerRecord) -> Any:
+    # ListContainers: image_ref and image_id are the image id (containerd does the same).
+    return pb.Container(id=rec.id, pod_sandbox_id=rec.sandbox_id, metadata=rec.config.metadata,
+                        image=rec.config.image, image_ref=rec.image_id, image_id=rec.image_id,
+                        state=rec.state, created_at=rec.created_at, labels=rec.config.labels,
+                        annotations=rec.config.annotations)
+
+
+def container_status_pb(rec: ContainerRecord) -> Any:
+    state = rec.state
+    status = pb.ContainerStatus(
+        id=rec.id, metadata=rec.config.metadata, state=state, created_at=rec.created_at,
+        exit_code=rec.exit_code, image=pb.ImageSpec(image=rec.image_name),
+        image_ref=rec.image_ref, image_id=rec.image_id, reason=rec.reason,
+        message=rec.message, labels=rec.config.labels, annotations=rec.config.annotations,
+        mounts=rec.config.mounts, log_path=rec.log_path,
+        stop_signal=pb.Signal.Value(rec.stop_signal) if rec.stop_signal in pb.Signal.keys()
+        else pb.SIGTERM)
+    if state != pb.CONTAINER_CREATED:
+        status.started_at = rec.started_at
+    if state in (pb.CONTAINER_EXITED, pb.CONTAINER_UNKNOWN):
+        status.finished_at = rec.finished_at
+    status.user.linux.uid = rec.uid
+    status.user.linux.gid = rec.gid
+    status.user.linux.supplemental_groups.extend(rec.groups)
+    return status
+
+
+def container_info(rec: ContainerRecord, bundle: str, snapshotter: str) -> dict[str, str]:
+    info = {
+        "sandboxID": rec.sandbox_id,
+        "pid": rec.pid,
+        "removing": rec.phase == "removing",
+        "snapshotKey": rec.id,
+        "snapshotter": snapshotter,
+        "runtimeType": RUNTIME_TYPE,
+        "config": MessageToDict(rec.config),
+        "runtimeSpec": _spec(bundle),
+    }
+    return {"info": json.dumps(info)}
+
+
+def _spec(bundle: str) -> Any:
+    try:
+        with open(os.path.join(bundle, "config.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

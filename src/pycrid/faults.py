@@ -1,0 +1,20 @@
+"""Named fail points, so tests can make an operation fail at a chosen step.
+
+The daemon reads ``PYCRID_FAILPOINTS`` (comma-separated names) once at import;
+``failpoint(name)`` raises there. With the variable unset every call is a set
+lookup on an empty set. containerd has the same idea (its ``failpoint``
+package); the point is to prove that every step's undo runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pycrid.errors import Internal
+
+_ACTIVE = frozenset(p for p in os.environ.get("PYCRID_FAILPOINTS", "").split(",") if p)
+
+
+def failpoint(name: str) -> None:
+    if name in _ACTIVE:
+        raise Internal(f"failpoint {name} triggered")

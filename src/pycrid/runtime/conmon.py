@@ -1,0 +1,272 @@
+"""runc driven through conmon, the way CRI-O does it (CONMON-RUNC.md §1, §3, §5, §6).
+
+Each container's init runs under its own conmon, which outlives the daemon,
+writes the CRI log and records the exit status in ``<exit dir>/<id>``. The
+daemon talks to conmon only at create time (the sync pipe gives the pid) and
+afterwards reads the exit files; everything else is a ``runc`` command.
+
+ExecSync does not use conmon: it runs ``runc exec`` as a child of the daemon
+(CRI-O's streaming exec does the same), which costs one process less than
+conmon's legacy exec and gives an exact timeout instead of conmon's 1 s
+granularity. The exec process is its own session leader (runc calls setsid),
+so on timeout its whole process group is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from typing import Any
+
+from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, Unknown
+from pycrid.runtime.exits import Exit, read_exit
+from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
+
+log = logging.getLogger(__name__)
+
+#: How long conmon may take to report the container's pid (runc create takes ~40 ms).
+CREATE_TIMEOUT = 60.0
+_SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def find_binary(configured: str, name: str) -> str:
+    path = configured or shutil.which(name, path=_SEARCH_PATH)
+    if not path or not os.access(path, os.X_OK):
+        raise Unavailable(f"{name} binary {configured or name!r} not found or not executable")
+    return path
+
+
+class ConmonRuntime(ContainerRuntime):
+    def __init__(self, *, state_dir: str, runc: str = "", conmon: str = "",
+                 systemd_cgroup: bool = False) -> None:
+        self.runc = find_binary(runc, "runc")
+        self.conmon = find_binary(conmon, "conmon")
+        self.runc_root = os.path.join(state_dir, "runc")
+        self.exit_dir = os.path.join(state_dir, "exits")
+        self.socket_dir = os.path.join(state_dir, "conmon")
+        self.systemd_cgroup = systemd_cgroup
+        for d in (self.runc_root, self.exit_dir, self.socket_dir):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+
+    # ---- runc --------------------------------------------------------------------------
+
+    async def _runc(self, *args: str, stdin: bytes | None = None) -> tuple[int, bytes, str]:
+        """Run one runc command: (exit code, stdout, its error message made readable)."""
+        argv = [self.runc, f"--root={self.runc_root}"]
+        if self.systemd_cgroup:
+            argv.append("--systemd-cgroup")
+        proc = await asyncio.create_subprocess_exec(
+            *argv, *args, stdin=asyncio.subprocess.PIPE if stdin is not None else
+            asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate(stdin)
+        rc = proc.returncode if proc.returncode is not None else -1
+        return rc, out, _runc_message(err)
+
+    async def start(self, object_id: str) -> None:
+        rc, _, err = await self._runc("start", object_id)
+        if rc != 0:
+            if "does not exist" in err:
+                raise NotFound(f"runtime has no container {object_id}")
+            raise Unknown(f"runc start {object_id}: {err}")
+
+    async def kill(self, object_id: str, sig: int) -> bool:
+        rc, _, err = await self._runc("kill", object_id, str(sig))
+        if rc == 0:
+            return True
+        if any(s in err for s in ("not running", "does not exist", "no such process",
+                                  "process already finished", "container not created")):
+            return False
+        raise Unknown(f"runc kill {object_id} {sig}: {err}")
+
+    async def delete(self, object_id: str) -> None:
+        rc, _, err = await self._runc("delete", "--force", object_id)
+        if rc != 0 and "does not exist" not in err:
+            raise Unknown(f"runc delete {object_id}: {err}")
+
+    async def state(self, object_id: str) -> dict[str, Any] | None:
+        rc, out, err = await self._runc("state", object_id)
+        if rc != 0:
+            if "does not exist" in err:
+                return None
+            raise Unknown(f"runc state {object_id}: {err}")
+        state: dict[str, Any] = json.loads(out)
+        return state
+
+    # ---- create through conmon ---------------------------------------------------------
+
+    async def create(self, opts: CreateOptions) -> int:
+        bundle = opts.bundle
+        argv = [
+            self.conmon, "--bundle", bundle, "--cid", opts.id, "--cuuid", opts.id,
+            "--name", opts.name, "--runtime", self.runc,
+            "--container-pidfile", os.path.join(bundle, "pidfile"),
+            "--conmon-pidfile", os.path.join(bundle, "conmon.pid"),
+            "--log-path", f"k8s-file:{opts.log_path}" if opts.log_path else "none",
+            "--exit-dir", self.exit_dir, "--persist-dir", bundle,
+            "--socket-dir-path", self.socket_dir, "--full-attach",
+            "--log-level", "info", "--runtime-arg", f"--root={self.runc_root}",
+        ]
+        if self.systemd_cgroup:
+            argv.append("--systemd-cgroup")
+        if opts.tty:
+            argv.append("--terminal")
+        if opts.stdin:
+            argv.append("--stdin")
+            if not opts.stdin_once:
+                argv.append("--leave-stdin-open")
+        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        try:
+            env = {"PATH": _SEARCH_PATH, "_OCI_SYNCPIPE": str(wfd)}
+            proc = await asyncio.create_subprocess_exec(
+                *argv, pass_fds=(wfd,), env=env, cwd=bundle, start_new_session=True,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE)
+        except BaseException:
+            os.close(rfd)
+            raise
+        finally:
+            os.close(wfd)
+        try:
+            message = await asyncio.wait_for(_read_sync(rfd), CREATE_TIMEOUT)
+        except TimeoutError:
+            await self._kill_conmon(bundle)
+            raise Unknown(f"conmon did not report container {opts.id} within "
+                          f"{CREATE_TIMEOUT:.0f}s") from None
+        finally:
+            stderr = b""
+            with contextlib.suppress(Exception):
+                _, stderr = await proc.communicate()
+        if message is None:
+            text = stderr.decode(errors="replace").strip() or f"exit status {proc.returncode}"
+            raise Unknown(f"conmon failed to create container {opts.id}: {text}")
+        pid = int(message.get("pid", -1))
+        if pid <= 0:
+            raise Unknown(f"runc create {opts.id} failed: "
+                          f"{_runc_message(str(message.get('message', '')).encode())}")
+        return pid
+
+    async def _kill_conmon(self, bundle: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(bundle, "conmon.pid")) as f:
+                os.kill(int(f.read().strip()), signal.SIGKILL)
+
+    # ---- exits and logs ----------------------------------------------------------------
+
+    def exit_of(self, object_id: str) -> Exit | None:
+        return read_exit(self.exit_dir, object_id)
+
+    def forget_exit(self, object_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.exit_dir, object_id))
+
+    def oom_killed(self, bundle: str) -> bool:
+        return os.path.exists(os.path.join(bundle, "oom"))
+
+    async def reopen_log(self, bundle: str) -> None:
+        """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl."""
+        try:
+            fd = os.open(os.path.join(bundle, "ctl"), os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:  # ENXIO: conmon is gone, nobody reads the fifo
+            raise FailedPrecondition(f"container monitor is not running: {e.strerror}") from None
+        try:
+            os.write(fd, b"2 0 0\n")
+        finally:
+            os.close(fd)
+
+    # ---- exec --------------------------------------------------------------------------
+
+    async def exec_sync(self, object_id: str, process: dict[str, Any], *,
+                        limit: float | None, output_cap: int) -> ExecResult:
+        with tempfile.TemporaryDirectory(prefix="exec-", dir=self.socket_dir) as tmp:
+            spec_path = os.path.join(tmp, "process.json")
+            pid_path = os.path.join(tmp, "pid")
+            with open(spec_path, "w") as f:
+                json.dump(process, f)
+            argv = [self.runc, f"--root={self.runc_root}"]
+            if self.systemd_cgroup:
+                argv.append("--systemd-cgroup")
+            proc = await asyncio.create_subprocess_exec(
+                *argv, "exec", "--process", spec_path, "--pid-file", pid_path, object_id,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            assert proc.stdout is not None and proc.stderr is not None
+            collect = asyncio.gather(_capped(proc.stdout, output_cap),
+                                     _capped(proc.stderr, output_cap), proc.wait())
+            try:
+                out, err, rc = await asyncio.wait_for(asyncio.shield(collect), limit)
+            except TimeoutError:
+                _kill_exec(pid_path, proc.pid)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(collect, 10)
+                raise
+            except BaseException:
+                _kill_exec(pid_path, proc.pid)
+                collect.cancel()
+                raise
+        if rc == 255 and not os.path.exists(pid_path) and b"exec failed" in err:
+            # runc could not start the process at all: its own message is on stderr.
+            err = _runc_message(err).encode() + b"\n"
+        return ExecResult(rc, out, err)
+
+
+def _kill_exec(pid_path: str, runc_pid: int) -> None:
+    """Kill the exec'd process group (runc made it a session leader), then runc."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(pid_path) as f:
+            pid = int(f.read().strip())
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(runc_pid, signal.SIGKILL)
+
+
+async def _capped(stream: asyncio.StreamReader, cap: int) -> bytes:
+    """Read to EOF, keeping at most ``cap`` bytes (containerd discards the excess silently)."""
+    kept = bytearray()
+    while chunk := await stream.read(65536):
+        room = cap - len(kept)
+        if room > 0:
+            kept += chunk[:room]
+    return bytes(kept)
+
+
+async def _read_sync(fd: int) -> dict[str, Any] | None:
+    """The first JSON message on conmon's sync pipe, or None on EOF without one."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    try:
+        line = await reader.readline()
+    finally:
+        transport.close()
+    if not line.strip():
+        return None
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        raise Internal(f"conmon sent a malformed sync message: {line[:200]!r}") from None
+    return msg if isinstance(msg, dict) else None
+
+
+def _runc_message(raw: bytes) -> str:
+    """runc's logrus line (``time=… level=error msg="…"``) reduced to its message."""
+    text = raw.decode(errors="replace").strip()
+    lines = []
+    for line in text.splitlines():
+        if 'msg="' in line:
+            msg = line.split('msg="', 1)[1]
+            msg = msg.rsplit('"', 1)[0]
+            lines.append(msg.replace('\\"', '"').replace("\\n", " ").strip())
+        elif line.strip():
+            lines.append(line.strip())
+    return "; ".join(lines) or text

@@ -1,0 +1,78 @@
+"""What the core needs from an OCI runtime: the narrow interface a second runtime implements.
+
+Shaped after containerd's task API, cut to what a CRI runtime uses. Every
+object is addressed by its id; its bundle (``config.json`` plus ``rootfs``)
+is prepared by the caller.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from pycrid.runtime.exits import Exit
+
+
+@dataclass(frozen=True)
+class CreateOptions:
+    id: str
+    bundle: str
+    #: For the monitor's own messages.
+    name: str
+    #: The CRI log file; empty for no log (the pause container).
+    log_path: str = ""
+    tty: bool = False
+    stdin: bool = False
+    stdin_once: bool = False
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+class ContainerRuntime(abc.ABC):
+    #: The directory exit files appear in (one ``ExitWatcher`` watches it).
+    exit_dir: str
+
+    @abc.abstractmethod
+    async def create(self, opts: CreateOptions) -> int:
+        """Create the container (its init waits to be started); returns the init's host pid."""
+
+    @abc.abstractmethod
+    async def start(self, object_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def kill(self, object_id: str, signal: int) -> bool:
+        """Signal the init process; False when there is no running process to signal."""
+
+    @abc.abstractmethod
+    async def delete(self, object_id: str) -> None:
+        """Forget the container, killing it first if it runs; no error if it is unknown."""
+
+    @abc.abstractmethod
+    async def state(self, object_id: str) -> dict[str, Any] | None:
+        """The runtime's view (``runc state``), or None for an unknown container."""
+
+    @abc.abstractmethod
+    async def exec_sync(self, object_id: str, process: dict[str, Any], *,
+                        limit: float | None, output_cap: int) -> ExecResult:
+        """Run ``process`` in the container and collect its output (each stream capped)."""
+
+    @abc.abstractmethod
+    def exit_of(self, object_id: str) -> Exit | None:
+        """The recorded exit of the container's init, if it has exited."""
+
+    @abc.abstractmethod
+    def forget_exit(self, object_id: str) -> None:
+        """Drop the exit record of a removed container."""
+
+    @abc.abstractmethod
+    def oom_killed(self, bundle: str) -> bool:
+        """Whether the kernel's OOM killer ended the container."""
+
+    @abc.abstractmethod
+    async def reopen_log(self, bundle: str) -> None: ...

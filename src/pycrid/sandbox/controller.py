@@ -1,0 +1,83 @@
+"""The sandbox controller interface, in containerd's shape (core/sandbox/controller.go).
+
+A controller owns what makes a pod a pod at the runtime level: for the pause
+controller, the pause container and the files and mounts it shares with the
+pod's containers. Networking is not the controller's: the core creates the
+network namespace (and, later, runs CNI) and hands its path in.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid.oci.mounts import SandboxFiles
+from pycrid.runtime.exits import Exit
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """What the core hands the controller to create a pod's sandbox."""
+
+    id: str
+    config: pb.PodSandboxConfig
+    #: The sandbox image: its reference, its config (the OCI image config JSON) and
+    #: the chain id of its top layer.
+    image_name: str
+    image_config: dict[str, Any]
+    image_chain_top: str
+    #: The network namespace to join ("" for the host's).
+    netns: str = ""
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    id: str
+    pid: int
+    #: "running", "stopped" or "unknown"
+    state: str
+    exit: Exit | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class SandboxController(abc.ABC):
+    @abc.abstractmethod
+    async def create(self, req: SandboxRequest) -> None:
+        """Prepare everything the sandbox needs; nothing runs yet."""
+
+    @abc.abstractmethod
+    async def start(self, sandbox_id: str) -> int:
+        """Run the sandbox; returns the pid whose namespaces the containers join."""
+
+    @abc.abstractmethod
+    async def stop(self, sandbox_id: str, grace: float = 0) -> None:
+        """Stop the sandbox's process and release its runtime resources (idempotent)."""
+
+    @abc.abstractmethod
+    async def wait(self, sandbox_id: str) -> Exit:
+        """Until the sandbox's process exits."""
+
+    @abc.abstractmethod
+    async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus: ...
+
+    @abc.abstractmethod
+    async def shutdown(self, sandbox_id: str) -> None:
+        """Delete every trace of the sandbox (idempotent; also undoes a partial create)."""
+
+    @abc.abstractmethod
+    def platform(self, sandbox_id: str) -> str:
+        """The OS/architecture the sandbox runs (``linux/amd64``)."""
+
+    @abc.abstractmethod
+    async def update(self, sandbox_id: str, resources: pb.LinuxContainerResources) -> None: ...
+
+    @abc.abstractmethod
+    def files(self, sandbox_id: str) -> SandboxFiles:
+        """The per-pod files the pod's containers mount (hostname, hosts, resolv.conf, shm)."""
+
+    @abc.abstractmethod
+    def exited(self, sandbox_id: str, exit_: Exit) -> None:
+        """The exit watcher saw the sandbox's process end."""

@@ -1,0 +1,160 @@
+"""Pod sandbox and container records: SQLite for durability, memory for every read.
+
+A record is written before the side effects of the operation that creates it
+(phase ``creating``: the intent), updated as it progresses, and deleted last
+when the object is removed; so after a crash, a ``creating`` or ``removing``
+record tells recovery exactly what to finish or undo. A container's state is
+derived from its timestamps, as in containerd. The kubelet lists pods and
+containers every second: List and Status never touch SQLite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid.store.db import Database
+
+#: The record exists but its object is not complete yet (or its removal is under way).
+CREATING = "creating"
+REMOVING = "removing"
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    id: str
+    name: str
+    config: pb.PodSandboxConfig
+    runtime_handler: str
+    created_at: int
+    phase: str = CREATING  # creating | ready | notready | removing
+    pid: int = 0
+    netns: str = ""
+    image_id: str = ""
+    image_name: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "ready"
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    id: str
+    sandbox_id: str
+    name: str
+    config: pb.ContainerConfig
+    created_at: int
+    image_id: str = ""
+    #: ContainerStatus.image: the image's first tag, else the ImageSpec as given.
+    image_name: str = ""
+    #: ContainerStatus.image_ref: the first repo digest, else the image id.
+    image_ref: str = ""
+    phase: str = CREATING  # creating | created | removing
+    started_at: int = 0
+    finished_at: int = 0
+    exit_code: int = 0
+    reason: str = ""
+    message: str = ""
+    unknown: bool = False
+    pid: int = 0
+    log_path: str = ""
+    stop_signal: str = "SIGTERM"
+    uid: int = 0
+    gid: int = 0
+    groups: tuple[int, ...] = ()
+
+    @property
+    def state(self) -> pb.ContainerState.ValueType:
+        """The CRI ContainerState (CRI-TO-OCI.md §3)."""
+        if self.unknown:
+            return pb.CONTAINER_UNKNOWN
+        if self.finished_at:
+            return pb.CONTAINER_EXITED
+        if self.started_at:
+            return pb.CONTAINER_RUNNING
+        return pb.CONTAINER_CREATED
+
+
+R = TypeVar("R", SandboxRecord, ContainerRecord)
+
+
+def _m1(c: sqlite3.Connection) -> None:
+    c.execute("CREATE TABLE sandboxes (id TEXT PRIMARY KEY, record TEXT NOT NULL,"
+              " config BLOB NOT NULL)")
+    c.execute("CREATE TABLE containers (id TEXT PRIMARY KEY, record TEXT NOT NULL,"
+              " config BLOB NOT NULL)")
+
+
+class RecordStore(Generic[R]):
+    """One table of records keyed by id, mirrored in a dict."""
+
+    def __init__(self, db: Database, table: str, kind: type[R],
+                 parse: Callable[[bytes], Any]) -> None:
+        db.migrate("pods", [_m1])
+        self._db = db
+        self._table = table
+        self._items: dict[str, R] = {}
+        self._broken: list[tuple[str, str]] = []
+        with db.read() as c:
+            rows = c.execute(f"SELECT id, record, config FROM {table}").fetchall()
+        for row in rows:
+            try:
+                fields = json.loads(row["record"])
+                if "groups" in fields:
+                    fields["groups"] = tuple(fields["groups"])
+                self._items[row["id"]] = kind(config=parse(row["config"]), **fields)
+            except Exception as e:  # one bad row must not stop the daemon
+                self._broken.append((row["id"], f"{type(e).__name__}: {e}"))
+
+    @property
+    def broken(self) -> list[tuple[str, str]]:
+        """Rows that could not be read: (id, why)."""
+        return list(self._broken)
+
+    def get(self, object_id: str) -> R | None:
+        return self._items.get(object_id)
+
+    def all(self) -> list[R]:
+        return list(self._items.values())
+
+    def ids(self) -> list[str]:
+        return list(self._items)
+
+    def put(self, rec: R) -> R:
+        fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
+                  if f.name != "config"}
+        with self._db.transaction() as c:
+            c.execute(f"INSERT INTO {self._table}(id, record, config) VALUES (?, ?, ?)"
+                      " ON CONFLICT(id) DO UPDATE SET record = excluded.record,"
+                      " config = excluded.config",
+                      (rec.id, json.dumps(fields), rec.config.SerializeToString()))
+        self._items[rec.id] = rec
+        return rec
+
+    def update(self, object_id: str, **changes: Any) -> R:
+        rec = self._items[object_id]
+        return self.put(dataclasses.replace(rec, **changes))
+
+    def delete(self, object_id: str) -> None:
+        with self._db.transaction() as c:
+            c.execute(f"DELETE FROM {self._table} WHERE id = ?", (object_id,))
+        self._items.pop(object_id, None)
+
+
+def sandbox_store(db: Database) -> RecordStore[SandboxRecord]:
+    return RecordStore(db, "sandboxes", SandboxRecord, pb.PodSandboxConfig.FromString)
+
+
+def container_store(db: Database) -> RecordStore[ContainerRecord]:
+    return RecordStore(db, "containers", ContainerRecord, pb.ContainerConfig.FromString)
+
+
+__all__ = ["CREATING", "REMOVING", "ContainerRecord", "RecordStore", "SandboxRecord",
+           "container_store", "sandbox_store"]
