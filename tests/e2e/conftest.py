@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.daemon import mounts_under
+from tests.support.pods import container_cgroups
 
 
 def _processes(names: tuple[str, ...]) -> list[str]:
@@ -28,9 +29,13 @@ def _processes(names: tuple[str, ...]) -> list[str]:
 @pytest.fixture(autouse=True, scope="session")
 def nothing_leaked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     base = str(tmp_path_factory.getbasetemp())
-    before = set(_processes(("pycrid serve",)))
+    watched = ("pycrid serve", "conmon", "runc")
+    before = set(_processes(watched))
+    cgroups_before = set(container_cgroups())
     yield
-    leaked_procs = [p for p in _processes(("pycrid serve",)) if p not in before]
+    leaked_procs = [p for p in _processes(watched) if p not in before]
     leaked_mounts = mounts_under(base)
-    assert not leaked_procs, f"pycrid processes left running: {leaked_procs}"
-    assert not leaked_mounts, f"mounts left under the test dirs: {leaked_mounts}"
+    leaked_cgroups = [c for c in container_cgroups() if c not in cgroups_before]
+    assert not leaked_procs, f"pycrid, conmon or runc processes left running: {leaked_procs}"
+    assert not leaked_mounts, f"mounts (rootfs, shm, netns) left in test dirs: {leaked_mounts}"
+    assert not leaked_cgroups, f"container cgroups left behind: {leaked_cgroups}"

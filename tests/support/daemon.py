@@ -104,7 +104,8 @@ def wait_ready(daemon: Daemon, timeout: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def running_daemon(base: str, config_text: str | None = None, *extra: str) -> Iterator[Daemon]:
+def running_daemon(base: str, config_text: str | None = None, *extra: str,
+                   env: dict[str, str] | None = None) -> Iterator[Daemon]:
     """Start pycrid under ``base`` (root, state, socket, log inside it); stop it after."""
     os.makedirs(base, exist_ok=True)
     root, state = os.path.join(base, "root"), os.path.join(base, "state")
@@ -117,7 +118,8 @@ def running_daemon(base: str, config_text: str | None = None, *extra: str) -> It
     log_path = os.path.join(base, "pycrid.log")
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(serve_command(config, root, state, address, *extra),
-                                stdout=logf, stderr=logf, stdin=subprocess.DEVNULL)
+                                stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **(env or {})})
     d = Daemon(root=root, state=state, address=address, log_path=log_path, proc=proc,
                client=CRIClient(address))
     try:

@@ -123,3 +123,68 @@ def log_text(path: str, stream: str | None = None) -> str:
         if stream is None or s == stream:
             parts.append(text + ("\n" if tag == "F" else ""))
     return "".join(parts)
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def container_cgroups() -> list[str]:
+    """Cgroup directories of containers (``k8s.io/<64 hex>``) in any hierarchy."""
+    found = []
+    if not os.path.isdir(CGROUP_ROOT):
+        return found
+    for hierarchy in os.listdir(CGROUP_ROOT):
+        parent = os.path.join(CGROUP_ROOT, hierarchy, "k8s.io")
+        if os.path.isdir(parent):
+            found += [os.path.join(parent, d) for d in os.listdir(parent)
+                      if len(d) == 64 and os.path.isdir(os.path.join(parent, d))]
+    return found
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd and "pycrid serve" not in cmd:
+            found.append(f"{pid}: {cmd.strip()[:300]}")
+    return found
+
+
+def leftovers(root: str, state: str) -> list[str]:
+    """Everything a daemon with this root and state left behind for pods and containers:
+    mounts, monitor/runtime processes, container cgroups, netns, bundles, exit files,
+    runc state, writable snapshots."""
+    import sqlite3
+
+    from tests.support.daemon import mounts_under
+
+    found = [f"mount {m}" for m in mounts_under(root) + mounts_under(state)]
+    found += [f"process {p}" for p in processes_mentioning(state)]
+    found += [f"cgroup {c}" for c in container_cgroups()]
+    for d in (os.path.join(state, "netns"), os.path.join(state, "containers"),
+              os.path.join(state, "sandboxes"), os.path.join(root, "containers"),
+              os.path.join(root, "sandboxes"), os.path.join(state, "exits"),
+              os.path.join(state, "runc")):
+        if os.path.isdir(d):
+            found += [f"file {os.path.join(d, n)}" for n in os.listdir(d)]
+    db = os.path.join(root, "metadata", "pycrid.db")
+    if os.path.exists(db):
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            found += [f"snapshot {k}" for (k,) in conn.execute(
+                "SELECT key FROM overlay_snapshots WHERE kind != 'committed'")]
+            for table in ("sandboxes", "containers"):
+                try:
+                    found += [f"{table} record {i}" for (i,) in conn.execute(
+                        f"SELECT id FROM {table}")]
+                except sqlite3.OperationalError:
+                    pass
+        finally:
+            conn.close()
+    return found

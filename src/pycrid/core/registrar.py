@@ -69,8 +69,12 @@ class RWLock:
             self._writers_waiting += 1
             try:
                 await self._cond.wait_for(lambda: not self._writer and not self._readers)
-            finally:
+            except BaseException:
+                # A writer that gives up must let the readers it held back in.
                 self._writers_waiting -= 1
+                self._cond.notify_all()
+                raise
+            self._writers_waiting -= 1
             self._writer = True
         try:
             yield

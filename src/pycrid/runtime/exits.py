@@ -11,6 +11,7 @@ answers for one id at any time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import logging
@@ -131,25 +132,30 @@ class ExitWaiters:
 
     def __init__(self, lookup: Callable[[str], Exit | None]) -> None:
         self._lookup = lookup
-        self._events: dict[str, asyncio.Event] = {}
+        #: id -> (event, number of coroutines waiting on it)
+        self._events: dict[str, tuple[asyncio.Event, int]] = {}
 
     def notify(self, exit_: Exit) -> None:
-        event = self._events.pop(exit_.id, None)
-        if event is not None:
-            event.set()
+        entry = self._events.get(exit_.id)
+        if entry is not None:
+            entry[0].set()
 
     async def wait(self, object_id: str, within: float | None = None) -> Exit | None:
         """The exit, or None if ``within`` seconds pass first."""
         found = self._lookup(object_id)
         if found is not None:
             return found
-        event = self._events.setdefault(object_id, asyncio.Event())
-        # The file may have landed between the lookup and the registration.
-        found = self._lookup(object_id)
-        if found is not None:
-            return found
+        event, count = self._events.get(object_id, (asyncio.Event(), 0))
+        self._events[object_id] = (event, count + 1)
         try:
-            await asyncio.wait_for(event.wait(), within)
-        except TimeoutError:
+            # The file may have landed between the lookup and the registration.
+            if self._lookup(object_id) is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), within)
             return self._lookup(object_id)
-        return self._lookup(object_id)
+        finally:
+            event, count = self._events[object_id]
+            if count <= 1:
+                del self._events[object_id]
+            else:
+                self._events[object_id] = (event, count - 1)

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests; never collected by pytest)."""
