@@ -45,9 +45,9 @@ def test_version_status_runtime_config(tmp_path: Path) -> None:
 def test_unimplemented_rpc_is_named(tmp_path: Path) -> None:
     with running_daemon(str(tmp_path)) as d:
         with pytest.raises(grpc.RpcError) as e:
-            d.client.runtime.RunPodSandbox(pb.RunPodSandboxRequest(), timeout=5)
+            d.client.runtime.CheckpointContainer(pb.CheckpointContainerRequest(), timeout=5)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "RunPodSandbox is not implemented" in e.value.details()
+        assert "CheckpointContainer is not implemented" in e.value.details()
 
 
 def test_second_daemon_on_same_socket_is_refused(tmp_path: Path) -> None:
@@ -173,7 +173,8 @@ def test_disabling_a_needed_plugin_stops_startup_with_its_name(tmp_path: Path) -
                       str(tmp_path / "s" / "x.sock")),
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert "pycrid.grpc.v1.cri" in proc.stderr
+    # The first plugin that needs the images service names it.
+    assert "pycrid.sandbox.v1.podsandbox" in proc.stderr
     assert "pycrid.cri.v1.images" in proc.stderr and "disabled" in proc.stderr
     assert not (tmp_path / "s" / "x.sock").exists()
 

@@ -373,3 +373,29 @@ def test_exec_output_and_exit_codes(daemon: Daemon, pods: Pods, clean: None) -> 
     assert big.exit_code == 0 and len(big.stdout) == 3_000_000
     r = pods.exec(cid, ["/does-not-exist"])
     assert r.exit_code != 0 and b"does-not-exist" in r.stderr
+
+
+def test_mounts_and_devices(daemon: Daemon, pods: Pods, clean: None, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "hello").write_text("from host\n")
+    missing = tmp_path / "made-for-me"
+    pod = pod_config()
+    sid = pods.run(pod)
+    cfg = _sleeper(daemon, mounts=[
+        pb.Mount(container_path="/data", host_path=str(shared), readonly=True),
+        pb.Mount(container_path="/scratch", host_path=str(missing)),
+    ], devices=[pb.Device(host_path="/dev/null", container_path="/dev/mynull",
+                          permissions="rw")])
+    cid = pods.run_container(sid, cfg, pod)
+    assert pods.exec(cid, ["cat", "/data/hello"]).stdout == b"from host\n"
+    assert b"Read-only" in pods.exec(cid, ["sh", "-c", "touch /data/x"]).stderr
+    assert pods.exec(cid, ["sh", "-c", "echo hi > /scratch/f"]).exit_code == 0
+    assert (missing / "f").read_text() == "hi\n"
+    assert pods.exec(cid, ["sh", "-c", "echo x > /dev/mynull"]).exit_code == 0
+    st = pods.status(cid).status
+    assert [m.container_path for m in st.mounts] == ["/data", "/scratch"]
+    with pytest.raises(grpc.RpcError) as e:
+        pods.create(sid, _sleeper(daemon, "baddev", devices=[
+            pb.Device(host_path=str(shared / "hello"), container_path="/dev/x")]), pod)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

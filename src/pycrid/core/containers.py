@@ -36,6 +36,7 @@ from pycrid.runtime.bundle import (
     remove_bundle,
     write_spec,
 )
+from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions
 from pycrid.sandbox.controller import SandboxController
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: ExecSync keeps at most this much of each stream (containerd's limit).
 EXEC_OUTPUT_CAP = 16 * 1024 * 1024
+#: A pure cgroup v2 host (containers then get their own cgroup namespace, §2.14).
+CGROUP_V2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 #: How long to wait for an exit after SIGKILL before calling the container lost.
 KILL_WAIT = 30.0
 
@@ -215,12 +218,15 @@ class ContainerManager:
         rootfs = prepare_rootfs(self.images.snapshotter, cid, parent, bundle)
         failpoint("container.rootfs")
         volumes_dir = os.path.join(self.paths.volumes(cid), "volumes")
+        privileged = config.linux.security_context.privileged
         spec = container_spec(
             config, pod_config, image_config, container_id=cid, sandbox_id=sandbox.id,
             sandbox_pid=sandbox.pid, etc_passwd=read_etc(rootfs, "passwd"),
             etc_group=read_etc(rootfs, "group"), image_name=image_name,
             files=self.controller.files(sandbox.id), volumes_dir=volumes_dir,
-            node_hostname=os.uname().nodename, cgroup_v2=False,
+            node_hostname=os.uname().nodename, cgroup_v2=CGROUP_V2,
+            devices=cri_devices(list(config.devices)),
+            host_devices=nodes_under("/dev", "/dev") if privileged else (),
             cgroup_driver=self.cgroup_driver, min_oom_score_adj=own_oom_score_adj())
         for m in spec["mounts"]:
             if m["source"].startswith(volumes_dir + os.sep):
