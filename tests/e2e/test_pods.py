@@ -6,6 +6,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -399,3 +400,37 @@ def test_mounts_and_devices(daemon: Daemon, pods: Pods, clean: None, tmp_path: P
         pods.create(sid, _sleeper(daemon, "baddev", devices=[
             pb.Device(host_path=str(shared / "hello"), container_path="/dev/x")]), pod)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_parallel_pods_and_repeated_stops(daemon: Daemon, pods: Pods, clean: None) -> None:
+    configs = [pod_config() for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        sids = list(pool.map(pods.run, configs))
+        cids = list(pool.map(lambda a: pods.run_container(a[0], _sleeper(daemon), a[1]),
+                             zip(sids, configs, strict=True)))
+        # Two stops of one container at once: both succeed, one signal is enough.
+        list(pool.map(lambda _: pods.stop(cids[0], timeout=5), range(2)))
+    assert len(set(sids)) == 4
+    assert pods.status(cids[0]).status.state == pb.CONTAINER_EXITED
+    for cid in cids[1:]:
+        assert pods.status(cid).status.state == pb.CONTAINER_RUNNING
+
+
+def test_reopen_container_log(daemon: Daemon, pods: Pods, clean: None, tmp_path: Path) -> None:
+    pod = pod_config(log_dir=str(tmp_path))
+    sid = pods.run(pod)
+    cid = pods.run_container(sid, container_config(
+        daemon.extra["busybox"], "ticker", log_path="t.log", command=[
+            "sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.05; done"]), pod)
+    log = tmp_path / "t.log"
+    wait_for(lambda: "tick 2" in log_text(str(log)), 10, "some output")
+    os.rename(log, tmp_path / "t.log.1")
+    pods.rt.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid), timeout=10)
+    wait_for(lambda: "tick" in log_text(str(log)), 10, "output in the reopened log")
+    old = log_text(str(tmp_path / "t.log.1")).split()
+    new = log_text(str(log)).split()
+    assert int(new[1]) > int(old[1])
+    pods.stop(cid)
+    with pytest.raises(grpc.RpcError) as e:
+        pods.rt.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid), timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
