@@ -37,7 +37,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages, busybox_rootfs_tar, load_standard_set
-from tests.support.pods import Pods, container_config, pod_config
+from tests.support.pods import Pods, container_config, daemon_config, pod_config
 from tests.support.registry import LocalRegistry
 
 from pycrid.oci.defaults import DEFAULT_PATH, default_spec
@@ -53,15 +53,6 @@ RUNC_OPS = ("runc create", "runc start", "runc create+start")
 # Environment: registry + daemon, as tests/conftest.py and tests/e2e/test_pods.py set them up
 
 
-def daemon_config(registry: LocalRegistry, images: TestImages, base: Path) -> str:
-    """The daemon config of tests/e2e/test_pods.py."""
-    return (
-        "version = 2\n"
-        '[plugins."pycrid.cri.v1.images"]\n'
-        f'sandbox_image = "{images.pause.ref(registry)}"\n'
-        '[plugins."pycrid.cri.v1.images".registry]\n'
-        f'config_path = "{registry.hosts_dir(base / "certs.d")}"\n'
-    )
 
 
 @dataclass

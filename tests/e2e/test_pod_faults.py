@@ -11,12 +11,12 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.e2e.test_pods import daemon_config
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
     Pods,
     container_config,
+    daemon_config,
     leftovers,
     pod_config,
     processes_mentioning,

@@ -18,6 +18,7 @@ from tests.support.images import TestImages
 from tests.support.pods import (
     Pods,
     container_config,
+    daemon_config,
     leftovers,
     log_text,
     pod_config,
@@ -29,14 +30,6 @@ from tests.support.registry import LocalRegistry
 pytestmark = pytest.mark.e2e
 
 
-def daemon_config(registry: LocalRegistry, images: TestImages, base: Path) -> str:
-    return (
-        "version = 2\n"
-        '[plugins."pycrid.cri.v1.images"]\n'
-        f'sandbox_image = "{images.pause.ref(registry)}"\n'
-        '[plugins."pycrid.cri.v1.images".registry]\n'
-        f'config_path = "{registry.hosts_dir(base / "certs.d")}"\n'
-    )
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,19 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from tests.support.daemon import CRIClient
+from tests.support.images import TestImages
+from tests.support.registry import LocalRegistry
+
+
+def daemon_config(registry: LocalRegistry, images: TestImages, base: str | os.PathLike[str]) -> str:
+    """A daemon config whose sandbox image and registry access point at a local registry."""
+    return (
+        "version = 2\n"
+        '[plugins."pycrid.cri.v1.images"]\n'
+        f'sandbox_image = "{images.pause.ref(registry)}"\n'
+        '[plugins."pycrid.cri.v1.images".registry]\n'
+        f'config_path = "{registry.hosts_dir(os.path.join(base, "certs.d"))}"\n'
+    )
 
 
 def pod_config(name: str = "", namespace: str = "default", *, log_dir: str = "",
