@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from tests.support.daemon import mounts_under
-from tests.support.pods import container_cgroups
+from tests.support.pods import command_lines, container_cgroups
 
 
 def _processes(names: tuple[str, ...]) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(n in cmd for n in names):
-            found.append(f"{pid}: {cmd.strip()}")
-    return found
+    return [f"{pid}: {cmd}" for pid, cmd in command_lines() if any(n in cmd for n in names)]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -154,19 +154,25 @@ def container_cgroups() -> list[str]:
     return found
 
 
-def processes_mentioning(text: str) -> list[str]:
+def command_lines() -> list[tuple[int, str]]:
+    """(pid, command line) of every process but this one."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if text in cmd and "pycrid serve" not in cmd:
-            found.append(f"{pid}: {cmd.strip()[:300]}")
+        found.append((int(pid), cmd))
     return found
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Processes (other than pycrid itself) whose command line contains ``text``."""
+    return [f"{pid}: {cmd[:300]}" for pid, cmd in command_lines()
+            if text in cmd and "pycrid serve" not in cmd]
 
 
 def leftovers(root: str, state: str) -> list[str]:
