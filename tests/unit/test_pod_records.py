@@ -1,0 +1,145 @@
+"""Pod sandbox and container records (store/pods.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid.store.db import Database
+from pycrid.store.pods import (
+    ContainerRecord,
+    SandboxRecord,
+    container_store,
+    sandbox_store,
+)
+
+# ---- store: sandbox and container records -------------------------------------------
+
+
+def sandbox_rec(sid: str = "s1", **kw: object) -> SandboxRecord:
+    cfg = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="web", namespace="ns", uid="u1", attempt=1),
+        hostname="web-host", labels={"app": "web"},
+        dns_config=pb.DNSConfig(servers=["10.96.0.10"]))
+    return SandboxRecord(id=sid, name="web_ns_u1_1", config=cfg, runtime_handler="runc",
+                         created_at=1_700_000_000_000_000_000, **kw)  # type: ignore[arg-type]
+
+
+def container_rec(cid: str = "c1", **kw: object) -> ContainerRecord:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app", attempt=2),
+                             image=pb.ImageSpec(image="busybox:latest"),
+                             command=["sh", "-c", "sleep 1"], envs=[pb.KeyValue(key="A",
+                                                                                value="b")])
+    return ContainerRecord(id=cid, sandbox_id="s1", name="app_web_ns_u1_2", config=cfg,
+                           created_at=5, **kw)  # type: ignore[arg-type]
+
+
+def test_sandbox_records_survive_reopen(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "m.db"))
+    store = sandbox_store(db)
+    store.put(sandbox_rec("s1"))
+    store.put(sandbox_rec("s2", phase="ready", pid=42, netns="/run/netns/x"))
+    db.close()
+    db = Database(str(tmp_path / "m.db"))
+    again = sandbox_store(db)
+    assert again.broken == []
+    assert sorted(again.ids()) == ["s1", "s2"]
+    assert again.get("s1") == sandbox_rec("s1")
+    s2 = again.get("s2")
+    assert s2 == sandbox_rec("s2", phase="ready", pid=42, netns="/run/netns/x")
+    assert s2 is not None and s2.ready
+    assert s2.config.dns_config.servers == ["10.96.0.10"]
+    assert s2.config.labels["app"] == "web"
+
+
+def test_container_record_round_trip_keeps_groups_tuple(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "m.db"))
+    rec = container_rec(uid=1000, gid=1000, groups=(10, 50000), started_at=7,
+                        stop_signal="SIGINT", log_path="app/2.log")
+    container_store(db).put(rec)
+    db.close()
+    loaded = container_store(Database(str(tmp_path / "m.db"))).get("c1")
+    assert loaded == rec
+    assert loaded is not None
+    assert loaded.groups == (10, 50000)
+    assert isinstance(loaded.groups, tuple)
+    assert list(loaded.config.command) == ["sh", "-c", "sleep 1"]
+    assert loaded.config.envs[0].value == "b"
+
+
+def test_update_changes_memory_and_disk(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "m.db"))
+    store = container_store(db)
+    store.put(container_rec())
+    updated = store.update("c1", phase="created", pid=99)
+    assert updated.phase == "created" and updated.pid == 99
+    assert store.get("c1") == updated
+    assert container_store(db).get("c1") == updated  # a fresh load sees the row
+
+
+def test_update_of_unknown_id_raises(tmp_path: Path) -> None:
+    store = container_store(Database(str(tmp_path / "m.db")))
+    with pytest.raises(KeyError):
+        store.update("nope", pid=1)
+
+
+def test_delete_removes_from_memory_and_disk(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "m.db"))
+    store = container_store(db)
+    store.put(container_rec("c1"))
+    store.put(container_rec("c2"))
+    store.delete("c1")
+    store.delete("c1")  # twice is fine
+    assert store.get("c1") is None
+    assert store.ids() == ["c2"]
+    assert [r.id for r in container_store(db).all()] == ["c2"]
+
+
+def test_sandboxes_and_containers_are_separate_tables(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "m.db"))
+    sandbox_store(db).put(sandbox_rec("x"))
+    assert container_store(db).ids() == []
+    assert sandbox_store(db).ids() == ["x"]
+
+
+def test_corrupt_row_is_reported_and_others_load(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "m.db"))
+    store = container_store(db)
+    store.put(container_rec("good"))
+    with db.transaction() as c:
+        c.execute("INSERT INTO containers(id, record, config) VALUES (?, ?, ?)",
+                  ("bad", "{not json", b""))
+        c.execute("INSERT INTO containers(id, record, config) VALUES (?, ?, ?)",
+                  ("odd", '{"no_such_field": 1}', b""))
+    again = container_store(db)
+    assert again.ids() == ["good"]
+    assert again.get("good") == container_rec("good")
+    broken = dict(again.broken)
+    assert set(broken) == {"bad", "odd"}
+    assert broken["bad"].startswith("JSONDecodeError")
+    assert broken["odd"].startswith("TypeError")
+
+
+def test_broken_is_a_copy(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "m.db"))
+    container_store(db)  # creates the tables
+    with db.transaction() as c:
+        c.execute("INSERT INTO containers VALUES ('bad', 'x', x'')")
+    store = container_store(db)
+    store.broken.clear()
+    assert len(store.broken) == 1
+
+
+@pytest.mark.parametrize(("kw", "state"), [
+    ({}, pb.CONTAINER_CREATED),
+    ({"started_at": 10}, pb.CONTAINER_RUNNING),
+    ({"started_at": 10, "finished_at": 20}, pb.CONTAINER_EXITED),
+    ({"finished_at": 20}, pb.CONTAINER_EXITED),  # failed start: exited without starting
+    ({"started_at": 10, "unknown": True}, pb.CONTAINER_UNKNOWN),
+    ({"started_at": 10, "finished_at": 20, "unknown": True}, pb.CONTAINER_UNKNOWN),
+])
+def test_container_state_derivation(kw: dict[str, Any], state: int) -> None:
+    assert container_rec(**kw).state == state
