@@ -115,6 +115,7 @@ class ContainerManager:
         self.cgroup_driver = cgroup_driver
         self.names = NameRegistrar("container")
         self.waiters = ExitWaiters(runtime.exit_of)
+        self.min_oom_score_adj = own_oom_score_adj()
         self._stop_signalled: set[str] = set()
         os.makedirs(os.path.join(paths.state_dir, "containers"), mode=0o700, exist_ok=True)
         os.makedirs(os.path.join(paths.root_dir, "containers"), mode=0o700, exist_ok=True)
@@ -227,7 +228,7 @@ class ContainerManager:
             node_hostname=os.uname().nodename, cgroup_v2=CGROUP_V2,
             devices=cri_devices(list(config.devices)),
             host_devices=nodes_under("/dev", "/dev") if privileged else (),
-            cgroup_driver=self.cgroup_driver, min_oom_score_adj=own_oom_score_adj())
+            cgroup_driver=self.cgroup_driver, min_oom_score_adj=self.min_oom_score_adj)
         for m in spec["mounts"]:
             if m["source"].startswith(volumes_dir + os.sep):
                 copy_image_volume(rootfs, m["destination"], m["source"])
@@ -334,14 +335,8 @@ class ContainerManager:
     # ---- exits ---------------------------------------------------------------------------
 
     def on_exit(self, exit_: Exit) -> None:
-        rec = self.store.get(exit_.id)
-        if rec is None or rec.finished_at:
-            self.waiters.notify(exit_)
-            return
-        reason = ""
-        if exit_.code == 137 and self.runtime.oom_killed(self.paths.bundle(rec.id)):
-            reason = "OOMKilled"
-        self._record_exit(exit_, reason=reason)
+        oom = exit_.code == 137 and self.runtime.oom_killed(self.paths.bundle(exit_.id))
+        self._record_exit(exit_, reason="OOMKilled" if oom else "")
         self.waiters.notify(exit_)
 
     def _record_exit(self, exit_: Exit, reason: str = "") -> None:
@@ -375,6 +370,16 @@ class ContainerManager:
                 f"timeout {limit_s}s exceeded running {list(cmd)!r}: the process was killed"
             ) from None
         return result.exit_code, result.stdout, result.stderr
+
+    def details(self, rec: ContainerRecord) -> dict[str, Any]:
+        """ContainerStatus verbose info (containerd's keys)."""
+        try:
+            spec: dict[str, Any] | None = read_spec(self.paths.bundle(rec.id))
+        except NotFound:
+            spec = None
+        return {"sandboxID": rec.sandbox_id, "pid": rec.pid, "removing": rec.phase == REMOVING,
+                "snapshotKey": rec.id, "snapshotter": self.images.snapshotter.name,
+                "runtimeSpec": spec}
 
     async def reopen_log(self, prefix: str) -> None:
         rec = self.find(prefix)

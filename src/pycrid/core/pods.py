@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import uuid
+from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
@@ -210,13 +211,15 @@ class PodManager:
             return
         if rec.phase == "ready":
             status = await self.controller.status(rec.id)
-            alive = status.state == "running" and self.controller_exit(rec.id) is None
+            alive = status.state == "running" and status.exit is None
             if not alive or (rec.netns and not is_pinned(rec.netns)):
                 self.store.update(rec.id, phase="notready")
 
-    def controller_exit(self, sid: str) -> Exit | None:
-        return self.containers.runtime.exit_of(sid)
-
-    def bundle(self, sid: str) -> str:
-        """Where the sandbox's runtime spec lives (for verbose status)."""
-        return os.path.join(self.containers.paths.state_dir, "sandboxes", sid)
+    async def details(self, rec: SandboxRecord) -> dict[str, Any]:
+        """PodSandboxStatus verbose info (containerd's keys)."""
+        status = await self.controller.status(rec.id, verbose=True)
+        return {"pid": rec.pid, "processStatus": status.state,
+                "netNamespaceClosed": bool(rec.netns) and not is_pinned(rec.netns),
+                "netns": rec.netns, "image": rec.image_name, "snapshotKey": rec.id,
+                "snapshotter": self.images.snapshotter.name,
+                "runtimeSpec": status.info.get("runtimeSpec")}

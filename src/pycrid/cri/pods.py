@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
-from pycrid.network.netns import is_pinned
 from pycrid.store.pods import ContainerRecord, SandboxRecord
 
 RUNTIME_TYPE = "pycrid.runtime.v1.runc"
@@ -37,20 +35,9 @@ def sandbox_status_pb(rec: SandboxRecord) -> Any:
     return status
 
 
-def sandbox_info(rec: SandboxRecord, bundle: str, snapshotter: str,
-                 process_status: str) -> dict[str, str]:
-    info = {
-        "pid": rec.pid,
-        "processStatus": process_status,
-        "netNamespaceClosed": bool(rec.netns) and not is_pinned(rec.netns),
-        "netns": rec.netns,
-        "image": rec.image_name,
-        "snapshotKey": rec.id,
-        "snapshotter": snapshotter,
-        "runtimeType": RUNTIME_TYPE,
-        "config": MessageToDict(rec.config),
-        "runtimeSpec": _spec(bundle),
-    }
+def verbose_info(rec: SandboxRecord | ContainerRecord, details: dict[str, Any]) -> dict[str, str]:
+    """The ``info`` map of a verbose status: the core's details plus the request config."""
+    info = {**details, "runtimeType": RUNTIME_TYPE, "config": MessageToDict(rec.config)}
     return {"info": json.dumps(info)}
 
 
@@ -81,24 +68,3 @@ def container_status_pb(rec: ContainerRecord) -> Any:
     status.user.linux.supplemental_groups.extend(rec.groups)
     return status
 
-
-def container_info(rec: ContainerRecord, bundle: str, snapshotter: str) -> dict[str, str]:
-    info = {
-        "sandboxID": rec.sandbox_id,
-        "pid": rec.pid,
-        "removing": rec.phase == "removing",
-        "snapshotKey": rec.id,
-        "snapshotter": snapshotter,
-        "runtimeType": RUNTIME_TYPE,
-        "config": MessageToDict(rec.config),
-        "runtimeSpec": _spec(bundle),
-    }
-    return {"info": json.dumps(info)}
-
-
-def _spec(bundle: str) -> Any:
-    try:
-        with open(os.path.join(bundle, "config.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None

@@ -52,10 +52,7 @@ class RuntimeServicer:
         resp = pb.PodSandboxStatusResponse(status=convert.sandbox_status_pb(rec),
                                            timestamp=time.time_ns())
         if request.verbose:
-            status = await self.core.pods.controller.status(rec.id)
-            resp.info.update(convert.sandbox_info(
-                rec, self.core.pods.bundle(rec.id), self.core.images.snapshotter.name,
-                status.state))
+            resp.info.update(convert.verbose_info(rec, await self.core.pods.details(rec)))
             resp.containers_statuses.extend(
                 convert.container_status_pb(c) for c in self.core.containers.of_sandbox(rec.id))
         return resp
@@ -94,9 +91,7 @@ class RuntimeServicer:
         rec = self.core.containers.find(request.container_id)
         resp = pb.ContainerStatusResponse(status=convert.container_status_pb(rec))
         if request.verbose:
-            resp.info.update(convert.container_info(
-                rec, self.core.containers.paths.bundle(rec.id),
-                self.core.images.snapshotter.name))
+            resp.info.update(convert.verbose_info(rec, self.core.containers.details(rec)))
         return resp
 
     async def ExecSync(self, request: Any, context: Any) -> Any:

@@ -56,13 +56,15 @@ class ConmonRuntime(ContainerRuntime):
 
     # ---- runc --------------------------------------------------------------------------
 
+    def _runc_argv(self) -> list[str]:
+        """runc and its global flags, the same for every command."""
+        return [self.runc, f"--root={self.runc_root}",
+                *(["--systemd-cgroup"] if self.systemd_cgroup else [])]
+
     async def _runc(self, *args: str, stdin: bytes | None = None) -> tuple[int, bytes, str]:
         """Run one runc command: (exit code, stdout, its error message made readable)."""
-        argv = [self.runc, f"--root={self.runc_root}"]
-        if self.systemd_cgroup:
-            argv.append("--systemd-cgroup")
         proc = await asyncio.create_subprocess_exec(
-            *argv, *args, stdin=asyncio.subprocess.PIPE if stdin is not None else
+            *self._runc_argv(), *args, stdin=asyncio.subprocess.PIPE if stdin is not None else
             asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         out, err = await proc.communicate(stdin)
@@ -189,11 +191,9 @@ class ConmonRuntime(ContainerRuntime):
             pid_path = os.path.join(tmp, "pid")
             with open(spec_path, "w") as f:
                 json.dump(process, f)
-            argv = [self.runc, f"--root={self.runc_root}"]
-            if self.systemd_cgroup:
-                argv.append("--systemd-cgroup")
             proc = await asyncio.create_subprocess_exec(
-                *argv, "exec", "--process", spec_path, "--pid-file", pid_path, object_id,
+                *self._runc_argv(), "exec", "--process", spec_path, "--pid-file", pid_path,
+                object_id,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
             assert proc.stdout is not None and proc.stderr is not None

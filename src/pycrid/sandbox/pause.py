@@ -18,16 +18,23 @@ import platform
 import shutil
 import signal
 import socket
+from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.errors import Unimplemented
+from pycrid.errors import NotFound, Unimplemented
 from pycrid.faults import failpoint
 from pycrid.images.mount import mount, unmount
 from pycrid.images.snapshots import Mount, Snapshotter
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import CgroupDriver, sandbox_spec
-from pycrid.runtime.bundle import prepare_rootfs, read_etc, remove_bundle, write_spec
+from pycrid.runtime.bundle import (
+    prepare_rootfs,
+    read_etc,
+    read_spec,
+    remove_bundle,
+    write_spec,
+)
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions
 from pycrid.sandbox.controller import SandboxController, SandboxRequest, SandboxStatus
@@ -77,6 +84,7 @@ class PauseController(SandboxController):
         self.hosts_file = hosts_file
         self.resolv_file = resolv_file
         self.waiters = ExitWaiters(runtime.exit_of)
+        self.min_oom_score_adj = own_oom_score_adj()
         for d in (self.root_dir, self.state_dir):
             os.makedirs(d, mode=0o711, exist_ok=True)
 
@@ -129,7 +137,7 @@ class PauseController(SandboxController):
             config, req.image_config, sandbox_id=sid, pause_image=req.image_name,
             files=self.files(sid), netns_path=req.netns,
             etc_passwd=read_etc(rootfs, "passwd"), etc_group=read_etc(rootfs, "group"),
-            cgroup_driver=self.cgroup_driver, min_oom_score_adj=own_oom_score_adj())
+            cgroup_driver=self.cgroup_driver, min_oom_score_adj=self.min_oom_score_adj)
         write_spec(bundle, spec)
         failpoint("sandbox.spec")
 
@@ -161,8 +169,13 @@ class PauseController(SandboxController):
         if state is None:
             return SandboxStatus(sandbox_id, 0, "unknown", self.runtime.exit_of(sandbox_id))
         status = "running" if state.get("status") in ("running", "created") else "stopped"
+        info: dict[str, Any] = {}
+        if verbose:
+            info["runtimeState"] = state
+            with contextlib.suppress(NotFound):
+                info["runtimeSpec"] = read_spec(self.bundle(sandbox_id))
         return SandboxStatus(sandbox_id, int(state.get("pid") or 0), status,
-                             self.runtime.exit_of(sandbox_id), state if verbose else {})
+                             self.runtime.exit_of(sandbox_id), info)
 
     async def shutdown(self, sandbox_id: str) -> None:
         await self.runtime.delete(sandbox_id)
