@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Regenerate the Python modules for pycrid's own .proto files (the NRI API and
+# the ttrpc envelopes). Needs the test extras (grpcio-tools <= 1.80, which emits
+# code for protobuf 6, the major the whole environment is pinned to).
+#   scripts/gen-proto.sh [output-dir]    (default: src, i.e. in place)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-src}
+py=${PYTHON:-.venv/bin/python}
+common=$("$py" -c 'import google.rpc.status_pb2 as m, pathlib; print(pathlib.Path(m.__file__).parents[2])')
+mkdir -p "$out"
+"$py" -m grpc_tools.protoc -Isrc -I"$common" --python_out="$out" --pyi_out="$out" \
+  pycrid/nri/proto/nri.proto pycrid/nri/proto/ttrpc.proto
+# protoc's stub generator writes the NRI enum value `Field.None` as an attribute
+# named None, which is not valid Python; drop those two lines from the stub (the
+# value stays reachable at run time as nri_pb2.Field.Value("None")).
+sed -i -e '/^    None: _ClassVar\[Field\]$/d' -e '/^None: Field$/d' "$out/pycrid/nri/proto/nri_pb2.pyi"

@@ -1,0 +1,13 @@
+"""NRI (Node Resource Interface): the wire protocol and the plugin SDK.
+
+``pycrid.nri.api`` is the protocol's messages; ``Plugin`` and ``Stub`` run a
+plugin written in Python against any NRI runtime (pycrid, containerd, CRI-O);
+``Adjustment`` and ``Update`` build what handlers return. The codecs live in
+``pycrid.nri.wire``.
+"""
+
+from pycrid.nri import api
+from pycrid.nri.adjust import Adjustment, Update
+from pycrid.nri.stub import Plugin, PluginIdentityError, Stub, run
+
+__all__ = ["Adjustment", "Plugin", "PluginIdentityError", "Stub", "Update", "api", "run"]

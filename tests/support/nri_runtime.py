@@ -1,0 +1,78 @@
+"""The runtime side of an NRI connection, for tests: serves the Runtime service
+(RegisterPlugin, UpdateContainers) and calls the Plugin service, on the
+project's own codecs. Each test gets the other end of a socketpair for the
+plugin under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import message_factory
+from google.protobuf.message import Message
+
+from pycrid.nri import api
+from pycrid.nri.wire.connection import RUNTIME_SIDE, Connection, Services, connect
+from pycrid.nri.wire.ttrpc import RequestReceived
+
+_PLUGIN = api.DESCRIPTOR.services_by_name["Plugin"]
+
+
+def plugin_response_type(method: str) -> type[Message]:
+    return message_factory.GetMessageClass(_PLUGIN.methods_by_name[method].output_type)
+
+
+class RuntimePeer:
+    """One plugin connection as a runtime sees it."""
+
+    def __init__(self) -> None:
+        self.registered: asyncio.Future[api.RegisterPluginRequest] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.update_requests: list[api.UpdateContainersRequest] = []
+        self.fail_updates: Callable[[api.ContainerUpdate], bool] = lambda u: False
+        self.conn: Connection | None = None
+
+    async def attach(self, sock: socket.socket) -> None:
+        services = Services()
+        services.add(api.RUNTIME_SERVICE, "RegisterPlugin", self._register)
+        services.add(api.RUNTIME_SERVICE, "UpdateContainers", self._update)
+        self.conn = await connect(sock=sock, services=services, roles=RUNTIME_SIDE, name="runtime")
+
+    async def _register(self, ev: RequestReceived) -> bytes:
+        req = api.RegisterPluginRequest.FromString(ev.payload)
+        if not self.registered.done():
+            self.registered.set_result(req)
+        return api.Empty().SerializeToString()
+
+    async def _update(self, ev: RequestReceived) -> bytes:
+        req = api.UpdateContainersRequest.FromString(ev.payload)
+        self.update_requests.append(req)
+        failed = [u for u in req.update if self.fail_updates(u) and not u.ignore_failure]
+        return api.UpdateContainersResponse(failed=failed).SerializeToString()
+
+    async def call(self, method: str, request: Message, timeout: float | None = 2.0) -> Any:
+        assert self.conn is not None
+        payload = await self.conn.call(
+            api.PLUGIN_SERVICE, method, request.SerializeToString(), timeout=timeout
+        )
+        return plugin_response_type(method).FromString(payload)
+
+    async def configure(self, config: str = "", **kwargs: Any) -> api.ConfigureResponse:
+        req = api.ConfigureRequest(
+            config=config,
+            runtime_name=kwargs.pop("runtime_name", "pycrid"),
+            runtime_version=kwargs.pop("runtime_version", "0.1.0"),
+            registration_timeout=kwargs.pop("registration_timeout", 5000),
+            request_timeout=kwargs.pop("request_timeout", 2000),
+            NRI_version=api.NRI_VERSION,
+        )
+        resp: api.ConfigureResponse = await self.call("Configure", req)
+        return resp
+
+    async def aclose(self) -> None:
+        if self.conn is not None:
+            await self.conn.aclose("test runtime closed")
