@@ -6,7 +6,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 status=0
 echo "== ruff"
-ruff check src tests || status=1
+ruff check src tests examples || status=1
 echo "== mypy"
 mypy || status=1
 echo "== pytest"

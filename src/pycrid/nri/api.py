@@ -9,7 +9,7 @@ Plugins use it as ``from pycrid.nri import api`` and build messages with
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pycrid.nri.proto.nri_pb2 import *  # noqa: F403  (the API is the generated module)
 from pycrid.nri.proto.nri_pb2 import Event
@@ -135,3 +135,22 @@ def is_marked_for_removal(key: str) -> bool:
 
 def clear_removal_marker(key: str) -> str:
     return key.removeprefix(REMOVAL_MARKER)
+
+
+# ---------------------------------------------------------------- annotations
+
+
+def container_annotation(
+    annotations: Mapping[str, str], key: str, container: str, *, old_key: str = ""
+) -> str | None:
+    """The value of an annotation-driven setting for one container.
+
+    The sample plugins' convention: ``<key>/container.<name>`` first, then
+    ``<key>/pod``, then ``<key>`` alone, each also under a deprecated ``old_key``
+    right after the current one.
+    """
+    for suffix in (f"/container.{container}", "/pod", ""):
+        for base in (key, old_key):
+            if base and (value := annotations.get(base + suffix)) is not None:
+                return value
+    return None
