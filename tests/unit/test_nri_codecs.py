@@ -430,7 +430,7 @@ mux_messages = st.lists(
 )
 
 
-@PROPS
+@settings(max_examples=100, deadline=None)
 @given(messages=mux_messages, data=st.data())
 def test_demux_reassembles_per_conn(messages: list[tuple[int, bytes]], data: st.DataObject) -> None:
     stream = b"".join(mux.encode(c, m) for c, m in messages)
@@ -533,3 +533,18 @@ def test_demux_buffered_after_partial_header() -> None:
     demux = mux.Demultiplexer([1])
     demux.receive_data(b"\x00\x00\x00")
     assert demux.buffered == 3
+
+
+def test_demux_frames_yields_each_frame_without_queueing() -> None:
+    demux = mux.Demultiplexer([1, 2])
+    data = b"".join(mux.encode(1 if i % 2 else 2, b"m%d" % i) for i in range(300))
+    data += mux.encode(7, b"dropped") + mux.encode(1, b"tail")[:-2]
+    got = list(demux.frames(data))
+    assert len(got) == 300
+    assert got[:3] == [(2, b"m0"), (1, b"m1"), (2, b"m2")]
+    assert demux.dropped_frames == 1
+    assert demux.buffered == len(mux.encode(1, b"tail")) - 2
+    assert list(demux.frames(b"il")) == [(1, b"tail")]
+    assert demux.read(1) == b"" and demux.read(2) == b""  # nothing was queued
+    with pytest.raises(mux.MuxError):
+        list(demux.frames(mux.FRAME_HEADER.pack(2, mux.MAX_FRAME_PAYLOAD + 1)))

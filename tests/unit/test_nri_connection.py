@@ -426,7 +426,9 @@ async def test_aclose_leaves_no_tasks(pair: Pair) -> None:
             mux.encode(mux.RUNTIME_SERVICE_CONN, encode_message(1, MessageType.REQUEST, b"")),
             id="request-to-client",
         ),
-        pytest.param(b"".join(mux.encode(1, b"x") for _ in range(257)), id="queue-overflow"),
+        # No queue-overflow case: the shell consumes each frame as it is parsed, so its
+        # queue never fills (see test_burst_of_257_concurrent_calls); the limit itself is
+        # tested on the Demultiplexer in test_nri_codecs.py.
     ],
 )
 async def test_protocol_error_closes(
@@ -667,12 +669,9 @@ async def test_rejected_requests_are_answered_and_connection_survives(
             [ev] = client.receive_data(message)
             answers.setdefault(ev.stream_id, []).append(ev)
     assert sorted(answers) == [1, 2, 3, 5, 7, 9]
-    assert [(e.code, e.payload) for e in answers[1]] == [
+    assert sorted((e.code, e.payload) for e in answers[1]) == [
         (Code.OK, b"one"),
         (Code.INVALID_ARGUMENT, b""),
-    ] or [(e.code, e.payload) for e in answers[1]] == [
-        (Code.INVALID_ARGUMENT, b""),
-        (Code.OK, b"one"),
     ]
     assert answers[2][0].code == Code.INVALID_ARGUMENT
     assert answers[3][0].message == "StreamID is no longer active"
@@ -720,14 +719,9 @@ async def test_huge_timeout_nano_is_no_problem(
     assert client.receive_data(message) == [ResponseReceived(sid, Code.OK, "", b"forever")]
 
 
-# ---------------------------------------------------------------- bugs found
+# ---------------------------------------------------------------- found by these tests, fixed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="257+ concurrent calls arrive in one socket read; the shell demuxes the whole read "
-    "before draining, so the 256-frame read-queue limit kills a healthy connection",
-)
 async def test_burst_of_257_concurrent_calls(pair: Pair) -> None:
     async with asyncio.timeout(LIMIT):
         answers = await asyncio.gather(
@@ -738,12 +732,6 @@ async def test_burst_of_257_concurrent_calls(pair: Pair) -> None:
     assert answers == [b"%d" % i for i in range(257)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a handler returning something that is not bytes makes respond() raise TypeError "
-    "outside the handler's try: no answer is sent (caller waits for its timeout) and the task "
-    "exception reaches the loop's exception handler",
-)
 async def test_handler_returning_non_bytes_answers_unknown(
     pair: Pair, loop_errors: list[dict[str, Any]]
 ) -> None:

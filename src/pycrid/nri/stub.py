@@ -179,7 +179,7 @@ def resolve_identity(name: str | None, idx: str | None) -> tuple[str, str]:
 
 
 class Stub:
-    """Runs one plugin against one runtime connection."""
+    """Runs one plugin against one runtime connection; a Stub starts once."""
 
     def __init__(
         self,
@@ -233,7 +233,8 @@ class Stub:
                 name=f"nri plugin {self.full_name}",
             )
         except OSError as exc:
-            raise ConnectionError(f"cannot connect to NRI at {self._socket_path}: {exc}") from exc
+            where = "the socket from the runtime" if sock else self._socket_path
+            raise ConnectionError(f"cannot connect to NRI at {where}: {exc}") from exc
         try:
             req = api.RegisterPluginRequest(
                 plugin_name=self.name, plugin_idx=self.idx, NRI_version=api.NRI_VERSION
@@ -531,7 +532,11 @@ def run(plugin: object, **kwargs: Any) -> int:
     SIGTERM/SIGINT arrives. Returns a process exit status."""
 
     async def main() -> int:
-        stub = Stub(plugin, **kwargs)
+        try:
+            stub = Stub(plugin, **kwargs)
+        except ValueError as exc:
+            log.error("cannot run plugin %s: %s", type(plugin).__name__, exc)
+            return 1
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None

@@ -220,7 +220,11 @@ class Connection:
         await self._answer(ev.stream_id, payload, code, message)
 
     async def _answer(self, stream_id: int, payload: bytes, code: int, message: str) -> None:
-        data = self._server.respond(stream_id, payload, code, message)
+        try:
+            data = self._server.respond(stream_id, payload, code, message)
+        except (TypeError, ValueError) as exc:  # a handler that returned something odd
+            log.warning("%s: cannot encode the answer on stream %d: %s", self.name, stream_id, exc)
+            data = self._server.respond(stream_id, b"", Code.UNKNOWN, f"bad answer: {exc}")
         with contextlib.suppress(ConnectionClosed):
             await self._send(self._roles.serve if self._roles else 0, data)
 
@@ -269,13 +273,11 @@ class Connection:
             else:
                 self._on_responses(data)
             return
-        self._demux.receive_data(data)
-        served = self._demux.read(self._roles.serve)
-        if served:
-            self._on_requests(served)
-        answered = self._demux.read(self._roles.call)
-        if answered:
-            self._on_responses(answered)
+        for conn_id, payload in self._demux.frames(data):
+            if conn_id == self._roles.serve:
+                self._on_requests(payload)
+            else:
+                self._on_responses(payload)
 
     def _on_requests(self, data: bytes) -> None:
         for ev in self._server.receive_data(data):

@@ -17,14 +17,16 @@ frame is larger than the buffer it is read into:
 Incoming frames are reassembled per conn as a plain byte stream, so any split
 a peer chooses is accepted. Limits are upstream's: a frame payload above
 10 bytes + 4 MiB, or more than 256 frames queued for one conn before they are
-read, is a fatal error for the whole connection.
+read, is a fatal error for the whole connection. (The asyncio shell consumes
+each frame as it is parsed, through ``frames``, so only the first can happen
+there.)
 """
 
 from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 FRAME_HEADER = struct.Struct(">II")
 PLUGIN_SERVICE_CONN = 1
@@ -92,6 +94,21 @@ class Demultiplexer:
 
     def receive_data(self, data: bytes) -> None:
         """Queue the frames completed by ``data``; raises MuxError on a fatal error."""
+        for conn_id, payload in self.frames(data):
+            queue = self._queues[conn_id]
+            if len(queue) >= self._queue_length:
+                raise MuxError(
+                    f"read queue of conn {conn_id} overflowed ({self._queue_length} frames)"
+                )
+            queue.append(payload)
+
+    def frames(self, data: bytes) -> Iterator[tuple[int, bytes]]:
+        """The frames completed by ``data`` for open conns, one at a time, unqueued.
+
+        For a consumer that handles each frame as it is parsed (the asyncio
+        shell): nothing waits in a queue, so the queue limit cannot trip, just
+        as upstream's only trips for a reader that has stopped reading.
+        """
         self._buf += data
         buf = self._buf
         pos = 0
@@ -106,16 +123,12 @@ class Demultiplexer:
                 end = pos + FRAME_HEADER.size + length
                 if end > len(buf):
                     break
-                queue = self._queues.get(conn_id)
-                if queue is None:
-                    self.dropped_frames += 1
-                elif len(queue) >= self._queue_length:
-                    raise MuxError(
-                        f"read queue of conn {conn_id} overflowed ({self._queue_length} frames)"
-                    )
-                else:
-                    queue.append(bytes(buf[pos + FRAME_HEADER.size : end]))
+                payload = bytes(buf[pos + FRAME_HEADER.size : end])
                 pos = end
+                if conn_id in self._queues:
+                    yield conn_id, payload
+                else:
+                    self.dropped_frames += 1
         finally:
             del buf[:pos]
 
