@@ -6,19 +6,18 @@ socket as external plugins. The runtime side is the test's RuntimePeer."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from pycrid.nri import api
 from pycrid.nri.wire.ttrpc import Code, TtrpcError
-from tests.support.nri_runtime import RuntimePeer
+from tests.support.nri_runtime import RuntimePeer, launched_plugin, reap
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "nri"
 
@@ -54,27 +53,12 @@ def wrapper(plugin_dir: Path, base: str, script: str, *args: str) -> Path:
     return path
 
 
-@asynccontextmanager
-async def preinstalled(path: Path) -> AsyncIterator[tuple[RuntimePeer, subprocess.Popen[bytes]]]:
-    """Launch ``path`` as containerd does: socketpair end on fd 3, bare environment."""
+def preinstalled(
+    path: Path,
+) -> AbstractAsyncContextManager[tuple[RuntimePeer, subprocess.Popen[bytes]]]:
+    """Launch ``path`` as containerd does, named after its NN-name file name."""
     idx, name = api.parse_plugin_name(path.name)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd = theirs.fileno()
-    proc = subprocess.Popen(  # noqa: ASYNC220 - started once, reaped by _reap
-        [str(path)],
-        env={api.PLUGIN_NAME_ENV: name, api.PLUGIN_IDX_ENV: idx, api.PLUGIN_SOCKET_ENV: "3"},
-        pass_fds=(fd, 3),  # 3 stays open after the dup2 below
-        preexec_fn=lambda: os.dup2(fd, 3),
-        stderr=(path.parent / f"{path.name}.log").open("wb"),
-    )
-    theirs.close()
-    peer = RuntimePeer()
-    try:
-        await peer.attach(ours)
-        yield peer, proc
-    finally:
-        await peer.aclose()
-        await _reap(proc)
+    return launched_plugin([str(path)], name, idx, path.parent / f"{path.name}.log")
 
 
 @asynccontextmanager
@@ -99,17 +83,7 @@ async def external(
     finally:
         listener.close()
         await peer.aclose()
-        await _reap(proc)
-
-
-async def _reap(proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(50):
-        if proc.poll() is not None:
-            return
-        await asyncio.sleep(0.1)
-    proc.kill()
-    proc.wait()
-    raise AssertionError("plugin did not exit after the runtime closed the connection")
+        await reap(proc)
 
 
 async def start(peer: RuntimePeer, config: str = "") -> tuple[api.RegisterPluginRequest, int]:

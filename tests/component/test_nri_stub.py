@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 from pycrid.nri import Adjustment, Plugin, PluginIdentityError, Stub, Update, api
 from pycrid.nri.stub import EVENT_HANDLERS, handled_events, resolve_identity
 from pycrid.nri.wire.ttrpc import Code, TtrpcError
-from tests.support.nri_runtime import RuntimePeer, plugin_response_type
+from tests.support.nri_runtime import RuntimePeer, launched_plugin, plugin_response_type, reap
 
 E = api.Event
 
@@ -860,104 +860,40 @@ PLUGIN_SCRIPT = textwrap.dedent(
     """
 )
 
-# Puts the socket on fd 3, as a runtime launching a plugin does, then execs the plugin.
-TRAMPOLINE = (
-    "import os, sys; fd = int(sys.argv[1]); os.dup2(fd, 3); os.close(fd); "
-    "os.execv(sys.executable, [sys.executable, '-c', sys.argv[2]])"
-)
+async def test_launched_plugin_subprocess(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", PLUGIN_SCRIPT]
+    async with (
+        asyncio.timeout(15),
+        launched_plugin(argv, "launched", "07", tmp_path / "plugin.log") as (rt, proc),
+    ):
+        reg = await asyncio.wait_for(rt.registered, 10)
+        assert reg == api.RegisterPluginRequest(
+            plugin_name="launched", plugin_idx="07", NRI_version="v0.12.2"
+        )
+        cfg = await rt.configure()
+        assert cfg.events == 0x8
+        resp = await rt.call("CreateContainer", api.CreateContainerRequest(pod=POD, container=CTR))
+        assert resp == api.CreateContainerResponse(
+            adjust=Adjustment().add_env("LAUNCHED", "web/app").message
+        )
+    # Leaving the block closed the runtime side; the plugin exited by itself.
+    assert proc.returncode == 0, (tmp_path / "plugin.log").read_text()
 
 
-async def test_launched_plugin_subprocess() -> None:
-    async with asyncio.timeout(15):
-        a, b = socket.socketpair()
-        rt = RuntimePeer()
-        proc = None
-        try:
-            env = {
-                api.PLUGIN_NAME_ENV: "launched",
-                api.PLUGIN_IDX_ENV: "07",
-                api.PLUGIN_SOCKET_ENV: "3",
-            }
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                TRAMPOLINE,
-                str(b.fileno()),
-                PLUGIN_SCRIPT,
-                env=env,
-                pass_fds=(b.fileno(),),
-                stderr=asyncio.subprocess.PIPE,
-            )
-            b.close()
-            await rt.attach(a)
-            reg = await asyncio.wait_for(rt.registered, 10)
-            assert reg == api.RegisterPluginRequest(
-                plugin_name="launched", plugin_idx="07", NRI_version="v0.12.2"
-            )
-            cfg = await rt.configure()
-            assert cfg.events == 0x8
-            resp = await rt.call(
-                "CreateContainer", api.CreateContainerRequest(pod=POD, container=CTR)
-            )
-            assert resp == api.CreateContainerResponse(
-                adjust=Adjustment().add_env("LAUNCHED", "web/app").message
-            )
-            await rt.aclose()
-            assert proc.stderr is not None
-            async with asyncio.timeout(5):
-                stderr = await proc.stderr.read()
-                status = await proc.wait()
-            assert status == 0, stderr.decode(errors="replace")
-        finally:
-            if proc is not None and proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            await rt.aclose()
-            a.close()
-            b.close()
-
-
-async def test_launched_plugin_exits_zero_on_sigterm() -> None:
-    async with asyncio.timeout(15):
-        a, b = socket.socketpair()
-        rt = RuntimePeer()
-        proc = None
-        try:
-            env = {
-                api.PLUGIN_NAME_ENV: "term",
-                api.PLUGIN_IDX_ENV: "08",
-                api.PLUGIN_SOCKET_ENV: "3",
-            }
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                TRAMPOLINE,
-                str(b.fileno()),
-                PLUGIN_SCRIPT,
-                env=env,
-                pass_fds=(b.fileno(),),
-                stderr=asyncio.subprocess.PIPE,
-            )
-            b.close()
-            await rt.attach(a)
-            reg = await asyncio.wait_for(rt.registered, 10)
-            assert (reg.plugin_name, reg.plugin_idx) == ("term", "08")
-            assert (await rt.configure()).events == 0x8
-            proc.send_signal(signal.SIGTERM)
-            assert proc.stderr is not None
-            async with asyncio.timeout(5):
-                stderr = await proc.stderr.read()
-                status = await proc.wait()
-            assert status == 0, stderr.decode(errors="replace")
-            assert rt.conn is not None
-            assert await rt.conn.wait_closed() == "peer closed the connection"
-        finally:
-            if proc is not None and proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            await rt.aclose()
-            a.close()
-            b.close()
+async def test_launched_plugin_exits_zero_on_sigterm(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", PLUGIN_SCRIPT]
+    async with (
+        asyncio.timeout(15),
+        launched_plugin(argv, "term", "08", tmp_path / "plugin.log") as (rt, proc),
+    ):
+        reg = await asyncio.wait_for(rt.registered, 10)
+        assert (reg.plugin_name, reg.plugin_idx) == ("term", "08")
+        assert (await rt.configure()).events == 0x8
+        proc.send_signal(signal.SIGTERM)
+        assert rt.conn is not None
+        assert await rt.conn.wait_closed() == "peer closed the connection"
+        await reap(proc)
+    assert proc.returncode == 0, (tmp_path / "plugin.log").read_text()
 
 
 # ---------------------------------------------------------------- external plugin (socket path)

@@ -7,8 +7,12 @@ plugin under test.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
-from collections.abc import Callable
+import subprocess
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import message_factory
@@ -76,3 +80,42 @@ class RuntimePeer:
     async def aclose(self) -> None:
         if self.conn is not None:
             await self.conn.aclose("test runtime closed")
+
+
+@asynccontextmanager
+async def launched_plugin(
+    argv: Sequence[str], name: str, idx: str, log_path: Path
+) -> AsyncIterator[tuple[RuntimePeer, subprocess.Popen[bytes]]]:
+    """Start ``argv`` the way a runtime launches a pre-installed plugin: the
+    socket on fd 3, an environment of only the three NRI_PLUGIN_* variables.
+    Yields the runtime side and the process; on exit closes the runtime side
+    and fails if the plugin does not exit by itself within 5 s."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = theirs.fileno()
+    with open(log_path, "wb") as log:  # noqa: ASYNC230 - before anything runs
+        proc = subprocess.Popen(  # noqa: ASYNC220 - reaped below
+            list(argv),
+            env={api.PLUGIN_NAME_ENV: name, api.PLUGIN_IDX_ENV: idx, api.PLUGIN_SOCKET_ENV: "3"},
+            pass_fds=(fd, 3),  # 3 stays open after the dup2 below
+            preexec_fn=lambda: os.dup2(fd, 3),
+            stderr=log,
+        )
+    theirs.close()
+    peer = RuntimePeer()
+    try:
+        await peer.attach(ours)
+        yield peer, proc
+    finally:
+        await peer.aclose()
+        await reap(proc)
+
+
+async def reap(proc: subprocess.Popen[bytes], seconds: float = 5.0) -> None:
+    """Wait for ``proc`` to exit by itself; kill it and fail if it does not."""
+    for _ in range(int(seconds * 10)):
+        if proc.poll() is not None:
+            return
+        await asyncio.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"plugin {proc.args!r} did not exit after the runtime went away")

@@ -122,6 +122,39 @@ EVENT_HANDLERS: dict[int, str] = {
 }
 """Each event and the Plugin method that handles it."""
 
+SIMPLE_EVENTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
+    "RunPodSandbox": ("run_pod_sandbox", ("pod",), False),
+    "StopPodSandbox": ("stop_pod_sandbox", ("pod",), False),
+    "RemovePodSandbox": ("remove_pod_sandbox", ("pod",), False),
+    "PostUpdatePodSandbox": ("post_update_pod_sandbox", ("pod",), False),
+    "UpdatePodSandbox": (
+        "update_pod_sandbox", ("pod", "overhead_linux_resources", "linux_resources"), False
+    ),
+    "PostCreateContainer": ("post_create_container", ("pod", "container"), False),
+    "StartContainer": ("start_container", ("pod", "container"), False),
+    "PostStartContainer": ("post_start_container", ("pod", "container"), False),
+    "PostUpdateContainer": ("post_update_container", ("pod", "container"), False),
+    "RemoveContainer": ("remove_container", ("pod", "container"), False),
+    "UpdateContainer": ("update_container", ("pod", "container", "linux_resources"), True),
+    "StopContainer": ("stop_container", ("pod", "container"), True),
+}
+"""Plugin methods whose events only pass request fields to a handler:
+(handler, request fields in argument order, whether the answer carries updates)."""
+
+STATE_CHANGE_ROUTES = {
+    api.Event.RUN_POD_SANDBOX: "RunPodSandbox",
+    api.Event.STOP_POD_SANDBOX: "StopPodSandbox",
+    api.Event.REMOVE_POD_SANDBOX: "RemovePodSandbox",
+    api.Event.POST_UPDATE_POD_SANDBOX: "PostUpdatePodSandbox",
+    api.Event.POST_CREATE_CONTAINER: "PostCreateContainer",
+    api.Event.START_CONTAINER: "StartContainer",
+    api.Event.POST_START_CONTAINER: "PostStartContainer",
+    api.Event.POST_UPDATE_CONTAINER: "PostUpdateContainer",
+    api.Event.REMOVE_CONTAINER: "RemoveContainer",
+}
+"""The events a runtime may resend as the deprecated StateChange (those whose
+answer carries nothing), and the method each stands for."""
+
 
 def implemented(plugin: object, method: str) -> bool:
     """Whether ``plugin`` provides ``method`` itself (not Plugin's no-op)."""
@@ -338,27 +371,10 @@ class Stub:
         add("Synchronize", api.SynchronizeRequest, self._synchronize)
         add("Shutdown", api.Empty, self._shutdown)
         add("StateChange", api.StateChangeEvent, self._state_change)
-        add("RunPodSandbox", api.RunPodSandboxRequest, self._pod_event("run_pod_sandbox",
-                                                                      api.RunPodSandboxResponse))
-        add("StopPodSandbox", api.StopPodSandboxRequest,
-            self._pod_event("stop_pod_sandbox", api.StopPodSandboxResponse))
-        add("RemovePodSandbox", api.RemovePodSandboxRequest,
-            self._pod_event("remove_pod_sandbox", api.RemovePodSandboxResponse))
-        add("PostUpdatePodSandbox", api.PostUpdatePodSandboxRequest,
-            self._pod_event("post_update_pod_sandbox", api.PostUpdatePodSandboxResponse))
-        add("UpdatePodSandbox", api.UpdatePodSandboxRequest, self._update_pod)
         add("CreateContainer", api.CreateContainerRequest, self._create_container)
-        add("UpdateContainer", api.UpdateContainerRequest, self._update_container)
-        add("StopContainer", api.StopContainerRequest, self._stop_container)
         add("ValidateContainerAdjustment", api.ValidateContainerAdjustmentRequest, self._validate)
-        for method, handler, response in (
-            ("PostCreateContainer", "post_create_container", api.PostCreateContainerResponse),
-            ("StartContainer", "start_container", api.StartContainerResponse),
-            ("PostStartContainer", "post_start_container", api.PostStartContainerResponse),
-            ("PostUpdateContainer", "post_update_container", api.PostUpdateContainerResponse),
-            ("RemoveContainer", "remove_container", api.RemoveContainerResponse),
-        ):
-            add(method, getattr(api, f"{method}Request"), self._container_event(handler, response))
+        for method in SIMPLE_EVENTS:
+            add(method, getattr(api, f"{method}Request"), self._event(method))
         return services
 
     async def _configure(self, req: api.ConfigureRequest) -> api.ConfigureResponse:
@@ -419,35 +435,20 @@ class Stub:
             await _call(self.plugin.shutdown)  # type: ignore[attr-defined]
         return api.Empty()
 
-    def _pod_event(
-        self, handler: str, response: type[M]
-    ) -> Callable[[Any], Awaitable[Message]]:
+    def _event(self, method: str) -> Callable[[Any], Awaitable[Message]]:
+        handler, fields, with_updates = SIMPLE_EVENTS[method]
+        response: type[Message] = getattr(api, f"{method}Response")
+
         async def deliver(req: Any) -> Message:
+            resp = response()
             if implemented(self.plugin, handler):
-                await _call(getattr(self.plugin, handler), req.pod)
-            return response()
+                args = [getattr(req, f) for f in fields]
+                result = await _call(getattr(self.plugin, handler), *args)
+                if with_updates:
+                    resp.update.extend(_updates(result))  # type: ignore[attr-defined]
+            return resp
 
         return deliver
-
-    def _container_event(
-        self, handler: str, response: type[M]
-    ) -> Callable[[Any], Awaitable[Message]]:
-        async def deliver(req: Any) -> Message:
-            if implemented(self.plugin, handler):
-                await _call(getattr(self.plugin, handler), req.pod, req.container)
-            return response()
-
-        return deliver
-
-    async def _update_pod(self, req: api.UpdatePodSandboxRequest) -> api.UpdatePodSandboxResponse:
-        if implemented(self.plugin, "update_pod_sandbox"):
-            await _call(
-                self.plugin.update_pod_sandbox,  # type: ignore[attr-defined]
-                req.pod,
-                req.overhead_linux_resources,
-                req.linux_resources,
-            )
-        return api.UpdatePodSandboxResponse()
 
     async def _create_container(
         self, req: api.CreateContainerRequest
@@ -471,29 +472,6 @@ class Stub:
             raise TypeError(f"create_container returned {type(result).__name__}")
         return resp
 
-    async def _update_container(
-        self, req: api.UpdateContainerRequest
-    ) -> api.UpdateContainerResponse:
-        if not implemented(self.plugin, "update_container"):
-            return api.UpdateContainerResponse()
-        result = await _call(
-            self.plugin.update_container,  # type: ignore[attr-defined]
-            req.pod,
-            req.container,
-            req.linux_resources,
-        )
-        return api.UpdateContainerResponse(update=_updates(result))
-
-    async def _stop_container(self, req: api.StopContainerRequest) -> api.StopContainerResponse:
-        if not implemented(self.plugin, "stop_container"):
-            return api.StopContainerResponse()
-        result = await _call(
-            self.plugin.stop_container,  # type: ignore[attr-defined]
-            req.pod,
-            req.container,
-        )
-        return api.StopContainerResponse(update=_updates(result))
-
     async def _validate(
         self, req: api.ValidateContainerAdjustmentRequest
     ) -> api.ValidateContainerAdjustmentResponse:
@@ -507,25 +485,10 @@ class Stub:
 
     async def _state_change(self, ev: api.StateChangeEvent) -> api.Empty:
         """The older catch-all event: route it to the specific handler."""
-        handler = EVENT_HANDLERS.get(ev.event)
-        pod_only = ev.event in (
-            api.Event.RUN_POD_SANDBOX,
-            api.Event.STOP_POD_SANDBOX,
-            api.Event.REMOVE_POD_SANDBOX,
-            api.Event.POST_UPDATE_POD_SANDBOX,
-        )
-        routed = pod_only or ev.event in (
-            api.Event.POST_CREATE_CONTAINER,
-            api.Event.START_CONTAINER,
-            api.Event.POST_START_CONTAINER,
-            api.Event.POST_UPDATE_CONTAINER,
-            api.Event.REMOVE_CONTAINER,
-        )
-        if handler and routed and implemented(self.plugin, handler):
-            fn = getattr(self.plugin, handler)
-            await (_call(fn, ev.pod) if pod_only else _call(fn, ev.pod, ev.container))
+        method = STATE_CHANGE_ROUTES.get(ev.event)
+        if method is not None:
+            await self._event(method)(ev)
         return api.Empty()
-
 
 def run(plugin: object, **kwargs: Any) -> int:
     """Entry point for a plugin program: run until the runtime goes away or a
