@@ -1,92 +1,40 @@
-"""The NRI plugin SDK (``pycrid.nri.stub``) against the test runtime peer.
+"""The NRI plugin SDK (``pycrid.nri.stub``): what a plugin is asked and what it answers.
 
-Each test connects a ``Stub`` to a ``RuntimePeer`` over a socketpair (or a unix
-socket path, or a real subprocess) and drives the runtime side of the protocol.
+Each test connects a ``Stub`` to a ``RuntimePeer`` over a socketpair and drives the
+runtime side of the protocol: registration and Configure, every event, reply shapes,
+the adjustment builders, Synchronize, UpdateContainers, errors and StateChange. How a
+Stub starts, identifies itself, connects and ends is in test_nri_stub_lifetime.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import socket
-import sys
-import textwrap
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from google.protobuf.message import Message
 
-from pycrid.nri import Adjustment, Plugin, PluginIdentityError, Stub, Update, api
-from pycrid.nri.stub import EVENT_HANDLERS, handled_events, resolve_identity
+from pycrid.nri import Adjustment, Plugin, Stub, Update, api
+from pycrid.nri.stub import EVENT_HANDLERS, handled_events
 from pycrid.nri.wire.ttrpc import Code, TtrpcError
-from tests.support.nri_runtime import RuntimePeer, launched_plugin, plugin_response_type, reap
+from tests.support.nri_runtime import (
+    CTR,
+    POD,
+    CreateStop,
+    RuntimePeer,
+    connected,
+    plugin_response_type,
+)
 
 E = api.Event
 
-POD = api.PodSandbox(id="pod-1", name="web", uid="uid-1", namespace="default")
-CTR = api.Container(id="ctr-1", pod_sandbox_id="pod-1", name="app", args=["sleep", "1"])
 RES = api.LinuxResources(memory=api.LinuxMemory(limit=api.OptionalInt64(value=1 << 20)))
 OVERHEAD = api.LinuxResources(memory=api.LinuxMemory(limit=api.OptionalInt64(value=4096)))
 
 
-@pytest.fixture(autouse=True)
-def _no_nri_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in (api.PLUGIN_NAME_ENV, api.PLUGIN_IDX_ENV, api.PLUGIN_SOCKET_ENV):
-        monkeypatch.delenv(var, raising=False)
-
-
-class Connected:
-    def __init__(
-        self,
-        stub: Stub,
-        rt: RuntimePeer,
-        reg: api.RegisterPluginRequest,
-        cfg: api.ConfigureResponse,
-    ) -> None:
-        self.stub, self.rt, self.reg, self.cfg = stub, rt, reg, cfg
-
-
-@contextlib.asynccontextmanager
-async def connected(
-    plugin: object, *, name: str = "test", idx: str = "10", **configure: Any
-) -> AsyncIterator[Connected]:
-    """A plugin registered and configured over a socketpair."""
-    a, b = socket.socketpair()
-    rt = RuntimePeer()
-    stub: Stub | None = None
-    try:
-        await rt.attach(a)
-        stub = Stub(plugin, name=name, idx=idx, sock=b)
-
-        async def runtime() -> tuple[api.RegisterPluginRequest, api.ConfigureResponse]:
-            reg = await rt.registered
-            return reg, await rt.configure(**configure)
-
-        _, (reg, cfg) = await asyncio.gather(stub.start(), runtime())
-        yield Connected(stub, rt, reg, cfg)
-    finally:
-        if stub is not None:
-            await stub.stop()
-        await rt.aclose()
-        a.close()
-        b.close()
-
-
 # ---------------------------------------------------------------- plugins
-
-
-class CreateStop(Plugin):
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-
-    def create_container(self, pod: api.PodSandbox, container: api.Container) -> None:
-        self.calls.append(("create_container", (pod, container)))
-
-    def stop_container(self, pod: api.PodSandbox, container: api.Container) -> None:
-        self.calls.append(("stop_container", (pod, container)))
 
 
 class Narrow(CreateStop):
@@ -666,289 +614,6 @@ async def test_state_change_unrouted_event_is_ignored(event: int) -> None:
             assert plugin.calls == []
 
 
-# ---------------------------------------------------------------- shutdown, lifetime
-
-
-async def test_shutdown_calls_plugin_shutdown() -> None:
-    async with asyncio.timeout(5):
-        plugin = recording_plugin(is_async=False)
-        async with connected(plugin) as c:
-            resp = await c.rt.call("Shutdown", api.Empty())
-            assert resp == api.Empty()
-            assert plugin.calls == [("shutdown", ())]
-
-
-async def test_runtime_closing_ends_wait() -> None:
-    async with asyncio.timeout(5):
-        async with connected(CreateStop()) as c:
-            waiter = asyncio.create_task(c.stub.wait())
-            await asyncio.sleep(0.01)
-            assert not waiter.done()
-            await c.rt.aclose()
-            reason = await waiter
-            assert reason == "peer closed the connection"
-
-
-async def test_runtime_closing_ends_run() -> None:
-    async with asyncio.timeout(5):
-        a, b = socket.socketpair()
-        rt = RuntimePeer()
-        stub = None
-        try:
-            await rt.attach(a)
-            stub = Stub(CreateStop(), name="runner", idx="11", sock=b)
-            runner = asyncio.create_task(stub.run())
-            reg = await rt.registered
-            assert reg.plugin_name == "runner"
-            cfg = await rt.configure()
-            assert cfg.events == 0x208
-            await asyncio.sleep(0.01)
-            assert not runner.done()
-            await rt.aclose()
-            assert await runner == "peer closed the connection"
-        finally:
-            if stub is not None:
-                await stub.stop()
-            await rt.aclose()
-            a.close()
-            b.close()
-
-
-async def test_wait_before_start_raises() -> None:
-    stub = Stub(CreateStop(), name="x", idx="10")
-    with pytest.raises(RuntimeError):
-        await stub.wait()
-
-
-async def test_runtime_never_configures_times_out() -> None:
-    async with asyncio.timeout(5):
-        a, b = socket.socketpair()
-        rt = RuntimePeer()
-        stub = None
-        try:
-            await rt.attach(a)
-            stub = Stub(CreateStop(), name="x", idx="10", sock=b, registration_timeout=0.3)
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            with pytest.raises(TimeoutError, match="did not configure"):
-                await stub.start()
-            elapsed = loop.time() - t0
-            assert 0.25 <= elapsed < 1.5
-            assert rt.registered.done()
-            assert rt.conn is not None
-            assert await rt.conn.wait_closed()
-        finally:
-            if stub is not None:
-                await stub.stop()
-            await rt.aclose()
-            a.close()
-            b.close()
-
-
-async def test_runtime_closing_before_configure_fails_start() -> None:
-    async with asyncio.timeout(5):
-        a, b = socket.socketpair()
-        rt = RuntimePeer()
-        stub = None
-        try:
-            await rt.attach(a)
-            stub = Stub(CreateStop(), name="x", idx="10", sock=b, registration_timeout=3)
-
-            async def runtime() -> None:
-                await rt.registered
-                await rt.aclose()
-
-            started, _ = await asyncio.gather(stub.start(), runtime(), return_exceptions=True)
-            assert isinstance(started, ConnectionError)
-        finally:
-            if stub is not None:
-                await stub.stop()
-            await rt.aclose()
-            a.close()
-            b.close()
-
-
-async def test_garbage_from_runtime_fails_start() -> None:
-    async with asyncio.timeout(5):
-        a, b = socket.socketpair()
-        stub = None
-        try:
-            a.sendall(b"GET / HTTP/1.1\r\nHost: nri\r\n\r\n")
-            stub = Stub(CreateStop(), name="x", idx="10", sock=b, registration_timeout=3)
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            with pytest.raises((ConnectionError, TtrpcError)):
-                await stub.start()
-            assert loop.time() - t0 < 2
-            assert stub._conn is not None and stub._conn.is_closed
-        finally:
-            if stub is not None:
-                await stub.stop()
-            a.close()
-            b.close()
-
-
-async def test_start_twice_raises() -> None:
-    async with asyncio.timeout(5):
-        async with connected(CreateStop()) as c:
-            with pytest.raises(RuntimeError):
-                await c.stub.start()
-
-
-def test_plugin_with_no_handler_is_refused() -> None:
-    with pytest.raises(ValueError, match="implements no NRI handler"):
-        Stub(Plugin(), name="x", idx="10")
-
-
-# ---------------------------------------------------------------- identity
-
-
-def test_identity_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(api.PLUGIN_NAME_ENV, "from-env")
-    monkeypatch.setenv(api.PLUGIN_IDX_ENV, "33")
-    assert resolve_identity("arg", "10") == ("from-env", "33")
-    stub = Stub(CreateStop(), name="arg", idx="10")
-    assert (stub.name, stub.idx) == ("from-env", "33")
-
-
-def test_identity_from_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["/x/whatever"])
-    assert resolve_identity("mine", "05") == ("mine", "05")
-
-
-@pytest.mark.parametrize(
-    ("name", "idx"),
-    [("ok", "1"), ("ok", "100"), ("ok", "ab"), ("has space", "10"), ("sl/ash", "10")],
-)
-def test_identity_invalid(name: str, idx: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["/x/20-foo"])
-    with pytest.raises(PluginIdentityError):
-        resolve_identity(name, idx)
-    with pytest.raises(PluginIdentityError):
-        Stub(CreateStop(), name=name, idx=idx)
-
-
-def test_identity_invalid_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(api.PLUGIN_IDX_ENV, "1")
-    with pytest.raises(PluginIdentityError):
-        resolve_identity("ok", "10")
-
-
-def test_identity_from_argv(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["/x/20-foo"])
-    assert resolve_identity(None, None) == ("foo", "20")
-
-
-def test_identity_unknown_index(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "argv", ["/x/plainname"])
-    with pytest.raises(PluginIdentityError, match="index unknown"):
-        resolve_identity("name", None)
-
-
-# ---------------------------------------------------------------- pre-installed (launched) plugin
-
-PLUGIN_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    from pycrid.nri import Adjustment, Plugin, run
-
-    class P(Plugin):
-        def create_container(self, pod, container):
-            return Adjustment().add_env("LAUNCHED", pod.name + "/" + container.name)
-
-    sys.exit(run(P()))
-    """
-)
-
-async def test_launched_plugin_subprocess(tmp_path: Path) -> None:
-    argv = [sys.executable, "-c", PLUGIN_SCRIPT]
-    async with (
-        asyncio.timeout(15),
-        launched_plugin(argv, "launched", "07", tmp_path / "plugin.log") as (rt, proc),
-    ):
-        reg = await asyncio.wait_for(rt.registered, 10)
-        assert reg == api.RegisterPluginRequest(
-            plugin_name="launched", plugin_idx="07", NRI_version="v0.12.2"
-        )
-        cfg = await rt.configure()
-        assert cfg.events == 0x8
-        resp = await rt.call("CreateContainer", api.CreateContainerRequest(pod=POD, container=CTR))
-        assert resp == api.CreateContainerResponse(
-            adjust=Adjustment().add_env("LAUNCHED", "web/app").message
-        )
-    # Leaving the block closed the runtime side; the plugin exited by itself.
-    assert proc.returncode == 0, (tmp_path / "plugin.log").read_text()
-
-
-async def test_launched_plugin_exits_zero_on_sigterm(tmp_path: Path) -> None:
-    argv = [sys.executable, "-c", PLUGIN_SCRIPT]
-    async with (
-        asyncio.timeout(15),
-        launched_plugin(argv, "term", "08", tmp_path / "plugin.log") as (rt, proc),
-    ):
-        reg = await asyncio.wait_for(rt.registered, 10)
-        assert (reg.plugin_name, reg.plugin_idx) == ("term", "08")
-        assert (await rt.configure()).events == 0x8
-        proc.send_signal(signal.SIGTERM)
-        assert rt.conn is not None
-        assert await rt.conn.wait_closed() == "peer closed the connection"
-        await reap(proc)
-    assert proc.returncode == 0, (tmp_path / "plugin.log").read_text()
-
-
-# ---------------------------------------------------------------- external plugin (socket path)
-
-
-async def test_external_plugin_connects_by_path(tmp_path: Path) -> None:
-    async with asyncio.timeout(5):
-        path = str(tmp_path / "nri.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(1)
-        listener.setblocking(False)
-        loop = asyncio.get_running_loop()
-        rt = RuntimePeer()
-        stub = None
-        accepted: socket.socket | None = None
-        try:
-            stub = Stub(CreateStop(), name="ext", idx="90", socket_path=path)
-
-            async def runtime() -> api.ConfigureResponse:
-                nonlocal accepted
-                accepted, _ = await loop.sock_accept(listener)
-                await rt.attach(accepted)
-                reg = await rt.registered
-                assert (reg.plugin_name, reg.plugin_idx) == ("ext", "90")
-                return await rt.configure()
-
-            _, cfg = await asyncio.gather(stub.start(), runtime())
-            assert cfg.events == 0x208
-            resp = await rt.call("StopContainer", api.StopContainerRequest(pod=POD, container=CTR))
-            assert resp == api.StopContainerResponse()
-        finally:
-            if stub is not None:
-                await stub.stop()
-            await rt.aclose()
-            if accepted is not None:
-                accepted.close()
-            listener.close()
-
-
-async def test_external_plugin_no_socket_raises_connection_error(tmp_path: Path) -> None:
-    async with asyncio.timeout(5):
-        stub = Stub(CreateStop(), name="ext", idx="90", socket_path=str(tmp_path / "missing"))
-        with pytest.raises(ConnectionError, match="cannot connect to NRI"):
-            await stub.start()
-
-
-async def test_socket_from_env_invalid(monkeypatch: pytest.MonkeyPatch) -> None:
-    async with asyncio.timeout(5):
-        monkeypatch.setenv(api.PLUGIN_SOCKET_ENV, "not-a-number")
-        stub = Stub(CreateStop(), name="x", idx="10")
-        with pytest.raises(ConnectionError, match="NRI_PLUGIN_SOCKET"):
-            await stub.start()
-
-
 # ---------------------------------------------------------------- more handler shapes
 
 
@@ -1044,3 +709,12 @@ async def test_async_validator_rejects() -> None:
             assert resp == api.ValidateContainerAdjustmentResponse(
                 reject=True, reason="FORBIDDEN may not be set"
             )
+
+
+async def test_shutdown_calls_plugin_shutdown() -> None:
+    async with asyncio.timeout(5):
+        plugin = recording_plugin(is_async=False)
+        async with connected(plugin) as c:
+            resp = await c.rt.call("Shutdown", api.Empty())
+            assert resp == api.Empty()
+            assert plugin.calls == [("shutdown", ())]

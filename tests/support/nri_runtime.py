@@ -7,6 +7,7 @@ plugin under test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 from google.protobuf import message_factory
 from google.protobuf.message import Message
 
-from pycrid.nri import api
+from pycrid.nri import Plugin, Stub, api
 from pycrid.nri.wire.connection import RUNTIME_SIDE, Connection, Services, connect
 from pycrid.nri.wire.ttrpc import RequestReceived
 
@@ -119,3 +120,58 @@ async def reap(proc: subprocess.Popen[bytes], seconds: float = 5.0) -> None:
     proc.kill()
     proc.wait()
     raise AssertionError(f"plugin {proc.args!r} did not exit after the runtime went away")
+
+
+# ---------------------------------------------------------------- SDK test fixtures
+
+POD = api.PodSandbox(id="pod-1", name="web", uid="uid-1", namespace="default")
+CTR = api.Container(id="ctr-1", pod_sandbox_id="pod-1", name="app", args=["sleep", "1"])
+
+class CreateStop(Plugin):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def create_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self.calls.append(("create_container", (pod, container)))
+
+    def stop_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self.calls.append(("stop_container", (pod, container)))
+
+
+class Connected:
+    """A Stub registered and configured against a RuntimePeer."""
+
+    def __init__(
+        self,
+        stub: Stub,
+        rt: RuntimePeer,
+        reg: api.RegisterPluginRequest,
+        cfg: api.ConfigureResponse,
+    ) -> None:
+        self.stub, self.rt, self.reg, self.cfg = stub, rt, reg, cfg
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    plugin: object, *, name: str = "test", idx: str = "10", **configure: Any
+) -> AsyncIterator[Connected]:
+    """A plugin registered and configured over a socketpair."""
+    a, b = socket.socketpair()
+    rt = RuntimePeer()
+    stub: Stub | None = None
+    try:
+        await rt.attach(a)
+        stub = Stub(plugin, name=name, idx=idx, sock=b)
+
+        async def runtime() -> tuple[api.RegisterPluginRequest, api.ConfigureResponse]:
+            reg = await rt.registered
+            return reg, await rt.configure(**configure)
+
+        _, (reg, cfg) = await asyncio.gather(stub.start(), runtime())
+        yield Connected(stub, rt, reg, cfg)
+    finally:
+        if stub is not None:
+            await stub.stop()
+        await rt.aclose()
+        a.close()
+        b.close()

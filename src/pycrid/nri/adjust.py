@@ -16,10 +16,13 @@ from pycrid.nri import api
 
 
 class _Resources:
-    """Setters shared by adjustments and updates: both carry a LinuxResources."""
+    """Setters shared by adjustments and updates: both messages carry their
+    resources at ``linux.resources``."""
+
+    message: api.ContainerAdjustment | api.ContainerUpdate
 
     def _resources(self) -> api.LinuxResources:
-        raise NotImplementedError
+        return self.message.linux.resources
 
     def set_memory_limit(self, value: int) -> Self:
         self._resources().memory.limit.value = value
@@ -94,10 +97,7 @@ class Adjustment(_Resources):
     """Changes to a container being created (the CreateContainer answer)."""
 
     def __init__(self) -> None:
-        self.message = api.ContainerAdjustment()
-
-    def _resources(self) -> api.LinuxResources:
-        return self.message.linux.resources
+        self.message: api.ContainerAdjustment = api.ContainerAdjustment()
 
     # annotations, env, args
     def add_annotation(self, key: str, value: str) -> Self:
@@ -246,10 +246,9 @@ class Update(_Resources):
     """A resource change for an existing container (ContainerUpdate)."""
 
     def __init__(self, container_id: str, *, ignore_failure: bool = False) -> None:
-        self.message = api.ContainerUpdate(container_id=container_id, ignore_failure=ignore_failure)
-
-    def _resources(self) -> api.LinuxResources:
-        return self.message.linux.resources
+        self.message: api.ContainerUpdate = api.ContainerUpdate(
+            container_id=container_id, ignore_failure=ignore_failure
+        )
 
     def set_ignore_failure(self, value: bool = True) -> Self:
         self.message.ignore_failure = value

@@ -18,8 +18,9 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from pycrid.nri.wire import mux
 from pycrid.nri.wire.ttrpc import (
@@ -192,8 +193,9 @@ class Connection:
 
     # ------------------------------------------------------------ serving
 
-    def _spawn_call(self, ev: RequestReceived) -> None:
-        task = asyncio.create_task(self._serve(ev), name=f"{self.name} {ev.method}")
+    def _own(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``coro`` as a task the connection owns (cancelled when it closes)."""
+        task = asyncio.create_task(coro, name=f"{self.name} {what}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -283,16 +285,12 @@ class Connection:
         for ev in self._server.receive_data(data):
             if isinstance(ev, Rejected):
                 log.warning("%s: rejected a request: %s", self.name, ev.message)
-                self._spawn_answer(ev.stream_id, ev.code, ev.message)
+                self._own(self._answer(ev.stream_id, b"", ev.code, ev.message), "rejection")
             elif self._services is None:
-                self._spawn_answer(ev.stream_id, Code.UNIMPLEMENTED, f"service {ev.service}")
+                missing = f"service {ev.service}"
+                self._own(self._answer(ev.stream_id, b"", Code.UNIMPLEMENTED, missing), "answer")
             else:
-                self._spawn_call(ev)
-
-    def _spawn_answer(self, stream_id: int, code: int, message: str) -> None:
-        task = asyncio.create_task(self._answer(stream_id, b"", code, message))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+                self._own(self._serve(ev), ev.method)
 
     def _on_responses(self, data: bytes) -> None:
         for ev in self._client.receive_data(data):
