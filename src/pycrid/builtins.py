@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from pycrid.config.loader import LoadedConfig
-from pycrid.config.schema import CRIServerConfig, ImagesConfig, RuntimeConfig
+from pycrid.config.schema import CRIServerConfig, ImagesConfig, NRIConfig, RuntimeConfig
 from pycrid.plugin.registry import InitContext, Registration, Registry
 
 METADATA = "pycrid.metadata.v1"
@@ -21,6 +21,7 @@ CRI = "pycrid.cri.v1"
 GRPC = "pycrid.grpc.v1"
 RUNTIME = "pycrid.runtime.v1"
 SANDBOX = "pycrid.sandbox.v1"
+NRI = "pycrid.nri.v1"
 
 #: Config layout 1 kept the image keys in the CRI server's own section.
 _V1_CRI_SECTION = f"{GRPC}.cri"
@@ -112,6 +113,11 @@ async def _init_runtime_config(ctx: InitContext) -> Any:
     return ctx.config
 
 
+async def _init_nri_config(ctx: InitContext) -> Any:
+    # containerd's io.containerd.nri.v1.nri section; the CRI plugin builds NRI from it.
+    return ctx.config
+
+
 async def _init_runc(ctx: InitContext) -> Any:
     from pycrid.runtime.conmon import ConmonRuntime
 
@@ -148,6 +154,7 @@ async def _init_cri(ctx: InitContext) -> Any:
         state=ctx.properties["state"],
         config=loaded.config,
         warnings=loaded.warnings,
+        nri_config=ctx.get_by_id(NRI, "nri"),
     )
     return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness())
 
@@ -165,6 +172,8 @@ def registry() -> Registry:
     reg.register(Registration(type=RUNTIME, id="runc", requires=(CRI,), init=_init_runc))
     reg.register(Registration(type=SANDBOX, id="podsandbox", requires=(CRI, RUNTIME),
                               init=_init_podsandbox))
-    reg.register(Registration(type=GRPC, id="cri", requires=(METADATA, CRI, RUNTIME, SANDBOX),
+    reg.register(Registration(type=NRI, id="nri", config=NRIConfig, init=_init_nri_config))
+    reg.register(Registration(type=GRPC, id="cri",
+                              requires=(METADATA, CRI, RUNTIME, SANDBOX, NRI),
                               config=CRIServerConfig, init=_init_cri))
     return reg

@@ -77,6 +77,26 @@ class Daemon:
         return self.proc.returncode
 
 
+NRI_SECTION = '[plugins."pycrid.nri.v1.nri"]'
+
+
+def nri_paths(base: str) -> dict[str, str]:
+    """Where a test daemon under ``base`` keeps its NRI socket, plugins and their configs."""
+    nri = os.path.join(base, "nri")
+    return {"socket_path": os.path.join(nri, "nri.sock"),
+            "plugin_path": os.path.join(nri, "plugins"),
+            "plugin_config_path": os.path.join(nri, "conf.d")}
+
+
+def with_private_nri(config_text: str, base: str) -> str:
+    """Give a test daemon its own NRI socket and plugin dirs (never the host's defaults),
+    unless the config already has an NRI section."""
+    if NRI_SECTION in config_text:
+        return config_text
+    keys = "".join(f'{k} = "{v}"\n' for k, v in nri_paths(base).items())
+    return f"{config_text.rstrip()}\n{NRI_SECTION}\n{keys}"
+
+
 def serve_command(config: str | None, root: str, state: str, address: str,
                   *extra: str) -> list[str]:
     cmd = [sys.executable, "-m", "pycrid", "serve", "--root", root, "--state", state,
@@ -110,11 +130,9 @@ def running_daemon(base: str, config_text: str | None = None, *extra: str,
     os.makedirs(base, exist_ok=True)
     root, state = os.path.join(base, "root"), os.path.join(base, "state")
     address = os.path.join(state, "pycrid.sock")
-    config = None
-    if config_text is not None:
-        config = os.path.join(base, "config.toml")
-        with open(config, "w") as f:
-            f.write(config_text)
+    config = os.path.join(base, "config.toml")
+    with open(config, "w") as f:
+        f.write(with_private_nri(config_text or "version = 2\n", base))
     log_path = os.path.join(base, "pycrid.log")
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(serve_command(config, root, state, address, *extra),

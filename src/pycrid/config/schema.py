@@ -117,3 +117,51 @@ class CRIServerConfig:
     """``[plugins."pycrid.grpc.v1.cri"]``."""
 
     disable_tcp_service: bool = cfg(True, "Do not serve CRI on [grpc] tcp_address.")
+
+
+@dataclass
+class DefaultValidatorConfig:
+    """``[plugins."pycrid.nri.v1.nri".default_validator]``: upstream's builtin validator."""
+
+    enable: bool = cfg(False, "Run the built-in validator (as plugin 00-default-validator).")
+    reject_oci_hook_adjustment: bool = cfg(False, "Reject adjustments that add OCI hooks.")
+    reject_runtime_default_seccomp_adjustment: bool = cfg(
+        False, "Reject seccomp adjustments of containers whose profile is RuntimeDefault.")
+    reject_unconfined_seccomp_adjustment: bool = cfg(
+        False, "Reject seccomp adjustments of containers that run Unconfined.")
+    reject_custom_seccomp_adjustment: bool = cfg(
+        False, "Reject seccomp adjustments of containers with a Localhost profile.")
+    reject_namespace_adjustment: bool = cfg(False, "Reject adjustments of Linux namespaces.")
+    reject_sysctl_adjustment: bool = cfg(False, "Reject sysctl adjustments.")
+    required_plugins: list[str] = cfg(
+        [], "Plugins (by name, without the index) every container needs: a create is\n"
+        "rejected while one of them has not adjusted it (is not connected).")
+    tolerate_missing_plugins_annotation: str = cfg(
+        "", "A pod annotation that, set to \"true\", lets the pod's containers be created\n"
+        "without the required plugins.")
+
+
+@dataclass
+class NRIConfig:
+    """``[plugins."pycrid.nri.v1.nri"]``: containerd's NRI keys and defaults."""
+
+    disable: bool = cfg(False, "Turn NRI off (it is on by default, as in containerd 2).")
+    socket_path: str = cfg("/var/run/nri/nri.sock",
+                           "Socket external plugins connect to (its directory is made 0700).",
+                           _abs_path)
+    plugin_path: str = cfg("/opt/nri/plugins",
+                           "Pre-installed plugins (executables named NN-name), launched at start.",
+                           _abs_path)
+    plugin_config_path: str = cfg(
+        "/etc/nri/conf.d", "Configuration of pre-installed plugins: NN-name.conf, else name.conf.",
+        _abs_path)
+    plugin_registration_timeout: Duration = cfg(
+        Duration(5), "A plugin that has not registered this long after connecting is closed.")
+    plugin_request_timeout: Duration = cfg(
+        Duration(2), "Deadline of each call to a plugin; a plugin that misses it is closed.")
+    plugin_request_timeouts: dict[str, Duration] = cfg(
+        {}, "Per-plugin request timeouts overriding plugin_request_timeout, keyed by\n"
+        "plugin name (\"logger\") or index-name (\"10-logger\"). pycrid's addition.")
+    disable_connections: bool = cfg(False, "Accept no external plugins (no socket is created).")
+    default_validator: DefaultValidatorConfig = cfg(DefaultValidatorConfig(),
+                                                    "The built-in default validator.")

@@ -23,6 +23,8 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.core.nri import NRI
+from pycrid.core.nri_objects import oci_resource_update, resources_from_cri
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
 from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from pycrid.faults import failpoint
@@ -104,7 +106,7 @@ class ContainerManager:
     def __init__(self, *, store: RecordStore[ContainerRecord],
                  sandboxes: RecordStore[SandboxRecord], controller: SandboxController,
                  runtime: ContainerRuntime, images: ImageService, paths: ContainerPaths,
-                 locks: KeyedLocks, cgroup_driver: CgroupDriver = "auto") -> None:
+                 locks: KeyedLocks, nri: NRI, cgroup_driver: CgroupDriver = "auto") -> None:
         self.store = store
         self.sandboxes = sandboxes
         self.controller = controller
@@ -112,18 +114,26 @@ class ContainerManager:
         self.images = images
         self.paths = paths
         self.locks = locks
+        self.nri = nri
         self.cgroup_driver = cgroup_driver
         self.names = NameRegistrar("container")
         self.waiters = ExitWaiters(runtime.exit_of)
         self.min_oom_score_adj = own_oom_score_adj()
         self._stop_signalled: set[str] = set()
+        #: Containers being stopped for an NRI eviction, with the plugin's reason.
+        self._evicted: dict[str, str] = {}
         os.makedirs(os.path.join(paths.state_dir, "containers"), mode=0o700, exist_ok=True)
         os.makedirs(os.path.join(paths.root_dir, "containers"), mode=0o700, exist_ok=True)
 
     # ---- lookups -------------------------------------------------------------------------
 
-    def find(self, prefix: str) -> ContainerRecord:
-        cid = resolve_prefix(self.store.ids(), prefix, "container")
+    def find(self, prefix: str, *, visible: bool = False) -> ContainerRecord:
+        """The container ``prefix`` names; with ``visible``, not one still being created
+        (critest: invisible while its CreateContainer hook runs)."""
+        ids = self.store.ids()
+        if visible:
+            ids = [i for i in ids if (r := self.store.get(i)) is not None and r.phase != CREATING]
+        cid = resolve_prefix(ids, prefix, "container")
         rec = self.store.get(cid)
         assert rec is not None
         return rec
@@ -155,7 +165,7 @@ class ContainerManager:
         sandbox = self.sandboxes.get(resolve_prefix(self.sandboxes.ids(), sandbox_prefix,
                                                     "pod sandbox"))
         assert sandbox is not None
-        async with self.locks(sandbox.id).read():
+        async with self.nri.blocking_sync(), self.locks(sandbox.id).read():
             sandbox = self.sandboxes.get(sandbox.id)
             if sandbox is None or not sandbox.ready:
                 raise FailedPrecondition(f"pod sandbox {sandbox_prefix} is not ready")
@@ -186,7 +196,7 @@ class ContainerManager:
         async with contextlib.AsyncExitStack() as undo:
             self.names.reserve(name, cid)
             undo.callback(self.names.release, name)
-            self.store.put(ContainerRecord(
+            rec = self.store.put(ContainerRecord(
                 id=cid, sandbox_id=sandbox.id, name=name, config=config,
                 created_at=now_ns(), image_id=image.id,
                 image_name=view.repo_tags[0] if view.repo_tags else config.image.image,
@@ -198,6 +208,9 @@ class ContainerManager:
             spec = await asyncio.to_thread(
                 self._prepare_bundle, cid, config, pod_config, sandbox, image_config,
                 image.chain[-1] if image.chain else None, config.image.image)
+            undo.push_async_callback(self.nri.undo_container, cid)  # Stop and Remove
+            await self.nri.create_container(rec, spec)
+            await asyncio.to_thread(write_spec, self.paths.bundle(cid), spec)
             failpoint("container.bundle")
             if log_path:
                 os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
@@ -206,9 +219,10 @@ class ContainerManager:
                 tty=config.tty, stdin=config.stdin, stdin_once=config.stdin_once))
             failpoint("container.created")
             user = spec["process"]["user"]
-            self.store.update(cid, phase="created", pid=pid, uid=user["uid"], gid=user["gid"],
-                              groups=tuple(user.get("additionalGids") or ()))
+            rec = self.store.update(cid, phase="created", pid=pid, uid=user["uid"],
+                                    gid=user["gid"], groups=tuple(user.get("additionalGids") or ()))
             undo.pop_all()
+        await self.nri.post_create(rec)
         return cid
 
     def _prepare_bundle(self, cid: str, config: pb.ContainerConfig,
@@ -235,7 +249,6 @@ class ContainerManager:
         for m in config.mounts:
             if m.host_path and not os.path.exists(m.host_path):
                 os.makedirs(m.host_path, mode=0o755, exist_ok=True)  # as containerd does
-        write_spec(bundle, spec)
         return spec
 
     async def _cleanup(self, cid: str) -> None:
@@ -249,27 +262,33 @@ class ContainerManager:
     # ---- start / stop / remove ----------------------------------------------------------
 
     async def start(self, prefix: str) -> None:
-        rec = self.find(prefix)
-        async with self.locks(rec.id).write():
-            rec = self._current(rec.id)
-            if rec.phase != "created" or rec.state != pb.CONTAINER_CREATED:
-                raise FailedPrecondition(
-                    f"container {rec.id} is in {state_name(rec.state)} state, not created")
-            sandbox = self.sandboxes.get(rec.sandbox_id)
-            if sandbox is None or not sandbox.ready:
-                raise FailedPrecondition(f"pod sandbox {rec.sandbox_id} of container "
-                                         f"{rec.id} is not ready")
-            started = now_ns()
-            try:
-                failpoint("container.start")
-                await self.runtime.start(rec.id)
-            except Exception as e:
-                # containerd records a start failure as an exit with StartError, code 128.
-                self.store.update(rec.id, finished_at=now_ns(), exit_code=128,
-                                  reason="StartError", message=str(e))
-                await self.runtime.delete(rec.id)
-                raise
-            self.store.update(rec.id, started_at=started)
+        async with self.nri.blocking_sync():
+            rec = self.find(prefix)
+            async with self.locks(rec.id).write():
+                await self._start_locked(rec.id)
+
+    async def _start_locked(self, cid: str) -> None:
+        rec = self._current(cid)
+        if rec.phase != "created" or rec.state != pb.CONTAINER_CREATED:
+            raise FailedPrecondition(
+                f"container {rec.id} is in {state_name(rec.state)} state, not created")
+        sandbox = self.sandboxes.get(rec.sandbox_id)
+        if sandbox is None or not sandbox.ready:
+            raise FailedPrecondition(f"pod sandbox {rec.sandbox_id} of container "
+                                     f"{rec.id} is not ready")
+        started = now_ns()
+        try:
+            failpoint("container.start")
+            await self.nri.start_container(rec)
+            await self.runtime.start(rec.id)
+        except Exception as e:
+            # containerd records a start failure as an exit with StartError, code 128.
+            self.store.update(rec.id, finished_at=now_ns(), exit_code=128,
+                              reason="StartError", message=str(e))
+            await self.runtime.delete(rec.id)
+            raise
+        rec = self.store.update(rec.id, started_at=started)
+        await self.nri.post_start(rec)
 
     def _current(self, cid: str) -> ContainerRecord:
         rec = self.store.get(cid)
@@ -283,10 +302,18 @@ class ContainerManager:
             rec = self.find(prefix)
         except NotFound:
             return
-        async with self.locks(rec.id).write():
+        async with self.nri.blocking_sync(), self.locks(rec.id).write():
             await self.stop_locked(rec.id, grace)
 
     async def stop_locked(self, cid: str, grace: float) -> None:
+        """Stop the process, then tell NRI (once per container, also for one that had
+        already exited on its own)."""
+        await self._stop_process(cid, grace)
+        rec = self.store.get(cid)
+        if rec is not None and rec.finished_at:
+            await self.nri.stop_container(cid)
+
+    async def _stop_process(self, cid: str, grace: float) -> None:
         rec = self.store.get(cid)
         if rec is None or rec.state not in (pb.CONTAINER_RUNNING, pb.CONTAINER_UNKNOWN):
             return
@@ -315,7 +342,7 @@ class ContainerManager:
             rec = self.find(prefix)
         except NotFound:
             return
-        async with self.locks(rec.id).write():
+        async with self.nri.blocking_sync(), self.locks(rec.id).write():
             await self.remove_locked(rec.id)
 
     async def remove_locked(self, cid: str) -> None:
@@ -330,7 +357,9 @@ class ContainerManager:
         self.store.delete(cid)
         self.names.release(rec.name)
         self._stop_signalled.discard(cid)
+        self._evicted.pop(cid, None)
         self.locks.drop(cid)
+        await self.nri.remove_container(cid)
 
     # ---- exits ---------------------------------------------------------------------------
 
@@ -343,10 +372,64 @@ class ContainerManager:
         rec = self.store.get(exit_.id)
         if rec is None or rec.finished_at:
             return
+        message = ""
+        if rec.id in self._evicted:
+            reason, message = "Evicted", self._evicted[rec.id]
         if not reason:
             reason = "Completed" if exit_.code == 0 else "Error"
         self.store.update(rec.id, finished_at=exit_.at_ns, exit_code=exit_.code,
-                          reason=reason, pid=0)
+                          reason=reason, message=message, pid=0)
+
+    # ---- resources and evictions ----------------------------------------------------------
+
+    async def update_resources(self, prefix: str,
+                               linux: pb.LinuxContainerResources | None) -> None:
+        """UpdateContainerResources: NRI UpdateContainer may replace the request (a refusal
+        fails the call), the result goes to the live cgroup and the spec, PostUpdate."""
+        async with self.nri.blocking_sync():
+            rec = self.find(prefix, visible=True)
+            async with self.locks(rec.id).write():
+                rec = self._current(rec.id)
+                if rec.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
+                    raise FailedPrecondition(f"container {rec.id} is in "
+                                             f"{state_name(rec.state)} state: cannot update it")
+                requested = resources_from_cri(linux or pb.LinuxContainerResources())
+                final = await self.nri.update_container(rec, requested)
+                resources = oci_resource_update(final)
+                if resources:
+                    await self.apply_resources(rec.id, resources)
+                await self.nri.post_update(rec, final)
+
+    async def apply_resources(self, cid: str, resources: dict[str, Any]) -> None:
+        """New cgroup limits for a created or running container: ``runc update``, then the
+        bundle's spec, so status and restarts see them."""
+        rec = self._current(cid)
+        if rec.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
+            raise FailedPrecondition(f"container {cid} is {state_name(rec.state)}")
+        await self.runtime.update(cid, resources)
+        bundle = self.paths.bundle(cid)
+        spec = read_spec(bundle)
+        current = spec.setdefault("linux", {}).setdefault("resources", {})
+        for key, value in resources.items():
+            if isinstance(value, dict) and isinstance(current.get(key), dict):
+                current[key].update(value)
+            else:
+                current[key] = value
+        await asyncio.to_thread(write_spec, bundle, spec)
+
+    async def evict(self, cid: str, reason: str) -> None:
+        """An NRI plugin's eviction: stop the container at once; its status says
+        ``Evicted`` with the plugin's reason (upstream drops evictions)."""
+        async with self.nri.blocking_sync():
+            if self.store.get(cid) is None:
+                return
+            async with self.locks(cid).write():
+                rec = self.store.get(cid)
+                if rec is None or rec.state not in (pb.CONTAINER_RUNNING,
+                                                    pb.CONTAINER_UNKNOWN):
+                    return
+                self._evicted[cid] = reason
+                await self.stop_locked(cid, 0)
 
     # ---- exec ----------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.containers import ContainerManager, labels_match, now_ns
+from pycrid.core.nri import NRI
+from pycrid.core.nri_objects import resources_from_cri
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint
@@ -54,18 +56,24 @@ def _validate(config: pb.PodSandboxConfig, handler: str) -> None:
 class PodManager:
     def __init__(self, *, store: RecordStore[SandboxRecord], controller: SandboxController,
                  containers: ContainerManager, images: ImageService, netns_dir: str,
-                 locks: KeyedLocks) -> None:
+                 locks: KeyedLocks, nri: NRI) -> None:
         self.store = store
         self.controller = controller
         self.containers = containers
         self.images = images
         self.netns_dir = netns_dir
         self.locks = locks
+        self.nri = nri
         self.names = NameRegistrar("sandbox")
         os.makedirs(netns_dir, mode=0o711, exist_ok=True)
 
-    def find(self, prefix: str) -> SandboxRecord:
-        sid = resolve_prefix(self.store.ids(), prefix, "pod sandbox")
+    def find(self, prefix: str, *, visible: bool = False) -> SandboxRecord:
+        """The pod ``prefix`` names; with ``visible``, not one still being created (critest:
+        a pod is invisible while its RunPodSandbox hook runs)."""
+        ids = self.store.ids()
+        if visible:
+            ids = [i for i in ids if (r := self.store.get(i)) is not None and r.phase != CREATING]
+        sid = resolve_prefix(ids, prefix, "pod sandbox")
         rec = self.store.get(sid)
         assert rec is not None
         return rec
@@ -91,7 +99,8 @@ class PodManager:
         name = f"{md.name}_{md.namespace}_{md.uid}_{md.attempt}"
         sid = secrets.token_hex(32)
         host_network = config.linux.security_context.namespace_options.network == pb.NODE
-        async with self.locks(sid).write(), contextlib.AsyncExitStack() as undo:
+        async with (self.nri.blocking_sync(), self.locks(sid).write(),
+                    contextlib.AsyncExitStack() as undo):
             self.names.reserve(name, sid)
             undo.callback(self.names.release, name)
             image = await self._sandbox_image()
@@ -112,7 +121,10 @@ class PodManager:
                 image_config=json.loads(self.images.content.read(image.id)),
                 image_chain_top=image.chain[-1], netns=netns))
             pid = await self.controller.start(sid)
-            self.store.update(sid, phase="ready", pid=pid)
+            rec = self.store.update(sid, pid=pid)
+            undo.push_async_callback(self.nri.remove_pod, sid)  # Stop and Remove follow a Run
+            await self.nri.run_pod(rec)
+            self.store.update(sid, phase="ready")
             undo.pop_all()
         return sid
 
@@ -134,13 +146,14 @@ class PodManager:
             rec = self.find(prefix)
         except NotFound:
             return
-        async with self.locks(rec.id).write():
+        async with self.nri.blocking_sync(), self.locks(rec.id).write():
             await self._stop_locked(rec.id)
 
     async def _stop_locked(self, sid: str) -> None:
         for c in self.containers.of_sandbox(sid):
             async with self.locks(c.id).write():
                 await self.containers.stop_locked(c.id, 0)
+        await self.nri.stop_pod(sid)
         failpoint("sandbox.stop")
         await self.controller.stop(sid)
         rec = self.store.get(sid)
@@ -154,7 +167,7 @@ class PodManager:
             rec = self.find(prefix)
         except NotFound:
             return
-        async with self.locks(rec.id).write():
+        async with self.nri.blocking_sync(), self.locks(rec.id).write():
             await self._stop_locked(rec.id)
             self.store.update(rec.id, phase=REMOVING)
             await self._remove_rest(rec)
@@ -170,6 +183,28 @@ class PodManager:
         self.store.delete(rec.id)
         self.names.release(rec.name)
         self.locks.drop(rec.id)
+        await self.nri.remove_pod(rec.id)
+
+    async def update_resources(self, prefix: str, overhead: pb.LinuxContainerResources | None,
+                               resources: pb.LinuxContainerResources | None) -> None:
+        """UpdatePodSandboxResources: NRI UpdatePodSandbox (a refusal fails the call), the
+        new values recorded in the pod's config, PostUpdatePodSandbox. The pod cgroup itself
+        is the kubelet's (cgroupfs driver), as with containerd's pause-container sandboxes."""
+        async with self.nri.blocking_sync():
+            rec = self.find(prefix, visible=True)
+            async with self.locks(rec.id).write():
+                rec = self.find(rec.id)
+                empty = pb.LinuxContainerResources()
+                await self.nri.update_pod(rec, resources_from_cri(overhead or empty),
+                                          resources_from_cri(resources or empty))
+                config = pb.PodSandboxConfig()
+                config.CopyFrom(rec.config)
+                if overhead is not None:
+                    config.linux.overhead.CopyFrom(overhead)
+                if resources is not None:
+                    config.linux.resources.CopyFrom(resources)
+                rec = self.store.update(rec.id, config=config)
+                await self.nri.post_update_pod(rec)
 
     # ---- exits and restart ---------------------------------------------------------------
 

@@ -16,15 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid import __version__
-from pycrid.config.schema import Config, RuntimeConfig
+from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
 from pycrid.core.containers import ContainerManager, ContainerPaths
+from pycrid.core.nri import NRI, runc_version
 from pycrid.core.pods import PodManager
 from pycrid.core.registrar import KeyedLocks
 from pycrid.images.service import ImageService
-from pycrid.oci.spec import CgroupDriver
+from pycrid.oci.adjust import HostSupport
+from pycrid.oci.spec import CgroupDriver, cgroups_path
 from pycrid.runtime.exits import Exit, ExitWatcher
 from pycrid.runtime.interface import ContainerRuntime
 from pycrid.sandbox.controller import SandboxController
+from pycrid.sandbox.pause import own_oom_score_adj
 from pycrid.store.db import Database
 from pycrid.store.pods import container_store, sandbox_store
 
@@ -55,8 +58,10 @@ class CRIService:
         runtime_config: RuntimeConfig,
         config: Config,
         warnings: list[str],
+        nri: NRI,
     ) -> None:
         self.images = images
+        self.nri = nri
         self.pods = pods
         self.containers = containers
         self.runtime = runtime
@@ -74,14 +79,20 @@ class CRIService:
         await self.containers.recover()
         for sid, why in self.pods.store.broken + self.containers.store.broken:
             log.error("record %s could not be read and is ignored: %s", sid, why)
+        # NRI after recovery (DESIGN.md): plugins are synchronised with the recovered state.
+        self.nri.recovered()
+        await self.nri.start()
+        self.warnings.extend(self.nri.adaptation.warnings if self.nri.adaptation else ())
 
-    def close(self) -> None:
-        """Containers keep running under conmon; only stop watching."""
+    async def aclose(self) -> None:
+        """Containers keep running under conmon; stop watching, shut NRI plugins down."""
         self.exits.close()
+        await self.nri.stop()
 
     def _on_exit(self, exit_: Exit) -> None:
         if not self.pods.on_exit(exit_):
             self.containers.on_exit(exit_)
+            self.nri.container_exited(exit_.id)
 
     def version(self) -> tuple[str, str, str]:
         """(runtime name, runtime version, CRI API version)."""
@@ -118,17 +129,30 @@ def _jsonable(obj: Any) -> Any:
 
 def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeConfig,
                runtime: ContainerRuntime, controller: SandboxController, root: str, state: str,
-               config: Config, warnings: list[str]) -> CRIService:
-    """Wire the core from its parts (used by the CRI plugin and by tests)."""
+               config: Config, warnings: list[str], nri_config: NRIConfig) -> CRIService:
+    """Wire the core from its parts (used by the CRI plugin and by tests).
+
+    The NRI side is built here with the stores it reports on, never on its own, so
+    every exit the core sees, from start-up recovery on, can reach plugins."""
     locks = KeyedLocks()
     sandboxes = sandbox_store(db)
+    ctr_store = container_store(db)
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
                             else "cgroupfs")
+    paths = ContainerPaths(state_dir=state, root_dir=root)
+    runc = getattr(runtime, "runc", "runc")
+    nri = NRI(nri_config, sandboxes=sandboxes, containers=ctr_store,
+              pod_cgroups_path=lambda rec: cgroups_path(rec.config.linux.cgroup_parent,
+                                                        rec.id, driver),
+              bundle_of=paths.bundle,
+              host=lambda: HostSupport.probe(runc_version(runc), own_oom_score_adj()))
     containers = ContainerManager(
-        store=container_store(db), sandboxes=sandboxes, controller=controller,
-        runtime=runtime, images=images, paths=ContainerPaths(state_dir=state, root_dir=root),
-        locks=locks, cgroup_driver=driver)
+        store=ctr_store, sandboxes=sandboxes, controller=controller,
+        runtime=runtime, images=images, paths=paths, locks=locks, nri=nri,
+        cgroup_driver=driver)
+    nri.bind(apply_resources=containers.apply_resources, evict=containers.evict)
     pods = PodManager(store=sandboxes, controller=controller, containers=containers,
-                      images=images, netns_dir=os.path.join(state, "netns"), locks=locks)
+                      images=images, netns_dir=os.path.join(state, "netns"), locks=locks,
+                      nri=nri)
     return CRIService(images=images, pods=pods, containers=containers, runtime=runtime,
-                      runtime_config=runtime_config, config=config, warnings=warnings)
+                      runtime_config=runtime_config, config=config, warnings=warnings, nri=nri)

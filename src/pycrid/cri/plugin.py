@@ -44,4 +44,4 @@ class CRIPlugin:
     async def close(self) -> None:
         # The parts are plugins of their own and are closed by the registry after us.
         self.gate.ready = False
-        self.core.close()
+        await self.core.aclose()

@@ -48,7 +48,7 @@ class RuntimeServicer:
         return pb.RemovePodSandboxResponse()
 
     async def PodSandboxStatus(self, request: Any, context: Any) -> Any:
-        rec = self.core.pods.find(request.pod_sandbox_id)
+        rec = self.core.pods.find(request.pod_sandbox_id, visible=True)
         resp = pb.PodSandboxStatusResponse(status=convert.sandbox_status_pb(rec),
                                            timestamp=time.time_ns())
         if request.verbose:
@@ -88,7 +88,7 @@ class RuntimeServicer:
             containers=[convert.container_pb(r) for r in self.core.containers.list(flt)])
 
     async def ContainerStatus(self, request: Any, context: Any) -> Any:
-        rec = self.core.containers.find(request.container_id)
+        rec = self.core.containers.find(request.container_id, visible=True)
         resp = pb.ContainerStatusResponse(status=convert.container_status_pb(rec))
         if request.verbose:
             resp.info.update(convert.verbose_info(rec, self.core.containers.details(rec)))
@@ -98,6 +98,18 @@ class RuntimeServicer:
         code, out, err = await self.core.containers.exec_sync(
             request.container_id, request.cmd, request.timeout)
         return pb.ExecSyncResponse(stdout=out, stderr=err, exit_code=code)
+
+    async def UpdateContainerResources(self, request: Any, context: Any) -> Any:
+        await self.core.containers.update_resources(
+            request.container_id, request.linux if request.HasField("linux") else None)
+        return pb.UpdateContainerResourcesResponse()
+
+    async def UpdatePodSandboxResources(self, request: Any, context: Any) -> Any:
+        await self.core.pods.update_resources(
+            request.pod_sandbox_id,
+            request.overhead if request.HasField("overhead") else None,
+            request.resources if request.HasField("resources") else None)
+        return pb.UpdatePodSandboxResourcesResponse()
 
     async def ReopenContainerLog(self, request: Any, context: Any) -> Any:
         await self.core.containers.reopen_log(request.container_id)

@@ -71,6 +71,12 @@ class ConmonRuntime(ContainerRuntime):
         rc = proc.returncode if proc.returncode is not None else -1
         return rc, out, _runc_message(err)
 
+    async def update(self, object_id: str, resources: dict[str, Any]) -> None:
+        rc, _, err = await self._runc("update", "--resources", "-", object_id,
+                                      stdin=json.dumps(resources).encode())
+        if rc != 0:
+            raise Unknown(f"runc update {object_id}: {err}")
+
     async def start(self, object_id: str) -> None:
         rc, _, err = await self._runc("start", object_id)
         if rc != 0:

@@ -54,6 +54,10 @@ class ContainerRuntime(abc.ABC):
         """Forget the container, killing it first if it runs; no error if it is unknown."""
 
     @abc.abstractmethod
+    async def update(self, object_id: str, resources: dict[str, Any]) -> None:
+        """Change a live container's cgroup limits (an OCI ``linux.resources`` object)."""
+
+    @abc.abstractmethod
     async def state(self, object_id: str) -> dict[str, Any] | None:
         """The runtime's view (``runc state``), or None for an unknown container."""
 

@@ -101,8 +101,10 @@ class Connection:
         services: Services | None = None,
         roles: MuxRoles | None = None,
         name: str = "ttrpc",
+        strict: bool = False,
     ) -> None:
         self.name = name
+        self._strict = strict
         self._reader = reader
         self._writer = writer
         self._services = services
@@ -284,6 +286,8 @@ class Connection:
     def _on_requests(self, data: bytes) -> None:
         for ev in self._server.receive_data(data):
             if isinstance(ev, Rejected):
+                if self._strict:
+                    raise ProtocolError(f"bad request: {ev.message}")
                 log.warning("%s: rejected a request: %s", self.name, ev.message)
                 self._own(self._answer(ev.stream_id, b"", ev.code, ev.message), "rejection")
             elif self._services is None:
@@ -308,10 +312,11 @@ async def connect(
     services: Services | None = None,
     roles: MuxRoles | None = None,
     name: str = "ttrpc",
+    strict: bool = False,
 ) -> Connection:
     """Dial a unix socket (or adopt a connected one) and start a Connection on it."""
     reader, writer = await asyncio.open_unix_connection(path, sock=sock, limit=READ_SIZE)
-    conn = Connection(reader, writer, services=services, roles=roles, name=name)
+    conn = Connection(reader, writer, services=services, roles=roles, name=name, strict=strict)
     conn.start()
     return conn
 

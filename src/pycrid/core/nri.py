@@ -1,0 +1,347 @@
+"""The CRI side of NRI: tells plugins about pods and containers, applies what they answer.
+
+containerd splits this between ``internal/nri`` (a per-object state machine so
+Stop and Remove go out once) and the CRI domain; here it is one object the
+pod and container managers call at the points containerd does. It keeps what
+plugins have been told about each object (the NRI view), which is also what a
+newly registered plugin is synchronised with, under the write side of the
+plugin-sync lock whose read side every CRI operation holds: an object is seen
+by a new plugin either in its sync or as a later event, never both, never neither.
+
+With NRI disabled every hook returns at once and no lock is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from pycrid import __version__
+from pycrid.config.schema import NRIConfig
+from pycrid.core.nri_objects import (
+    container_object,
+    oci_resource_update,
+    pod_object,
+    set_status,
+)
+from pycrid.core.registrar import RWLock
+from pycrid.errors import NotFound
+from pycrid.nri import api
+from pycrid.nri.adaptation.adaptation import Adaptation, SyncFn
+from pycrid.oci.adjust import HostSupport, apply_adjustment
+from pycrid.oci.cdi import CdiRegistry
+from pycrid.runtime.bundle import read_spec
+from pycrid.store.pods import ContainerRecord, RecordStore, SandboxRecord
+
+log = logging.getLogger(__name__)
+
+RUNTIME_NAME = "pycrid"
+
+#: How the core applies resources to one container and stops one (bound after construction).
+ApplyResources = Callable[[str, dict[str, Any]], Awaitable[None]]
+Evict = Callable[[str, str], Coroutine[Any, Any, None]]
+
+
+def runc_version(runc: str) -> tuple[int, int, int]:
+    try:
+        out = subprocess.run([runc, "--version"], capture_output=True, text=True,
+                             timeout=10, check=False).stdout
+    except OSError:
+        return (0, 0, 0)
+    m = re.search(r"runc version (\d+)\.(\d+)\.(\d+)", out)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else (0, 0, 0)
+
+
+class NRI:
+    def __init__(self, config: NRIConfig, *, sandboxes: RecordStore[SandboxRecord],
+                 containers: RecordStore[ContainerRecord],
+                 pod_cgroups_path: Callable[[SandboxRecord], str],
+                 bundle_of: Callable[[str], str],
+                 host: Callable[[], HostSupport], cdi: CdiRegistry | None = None) -> None:
+        self.config = config
+        self.sandboxes = sandboxes
+        self.containers = containers
+        self._pod_cgroups_path = pod_cgroups_path
+        self.bundle_of = bundle_of
+        self._host_probe = host
+        self._host: HostSupport | None = None
+        self.cdi = cdi or CdiRegistry()
+        self.adaptation = (None if config.disable else
+                           Adaptation(config, runtime_name=RUNTIME_NAME,
+                                      runtime_version=__version__, domain=self))
+        self.sync_lock = RWLock()
+        self.apply_resources: ApplyResources | None = None
+        self.evictor: Evict | None = None
+        #: What plugins have been told, by object id.
+        self._pods: dict[str, api.PodSandbox] = {}
+        self._pods_stopped: set[str] = set()
+        self._ctrs: dict[str, api.Container] = {}
+        self._stops: dict[str, asyncio.Future[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return self.adaptation is not None
+
+    @property
+    def host(self) -> HostSupport:
+        if self._host is None:
+            self._host = self._host_probe()
+        return self._host
+
+    def bind(self, *, apply_resources: ApplyResources, evict: Evict) -> None:
+        self.apply_resources = apply_resources
+        self.evictor = evict
+
+    # ---- lifetime -----------------------------------------------------------------------
+
+    def recovered(self) -> None:
+        """After start-up recovery: every pod and container record becomes the NRI view
+        (exits found during recovery are part of it, so plugins see them at sync)."""
+        if self.adaptation is None:
+            return
+        for rec in self.sandboxes.all():
+            self._pods[rec.id] = pod_object(rec, self._pod_cgroups_path(rec))
+            if not rec.ready:
+                self._pods_stopped.add(rec.id)
+        for c in self.containers.all():
+            try:
+                spec = read_spec(self.bundle_of(c.id))
+            except NotFound:
+                spec = {}
+            self._ctrs[c.id] = container_object(c, spec)
+
+    async def start(self) -> None:
+        if self.adaptation is not None:
+            await self.adaptation.start()
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.adaptation is not None:
+            await self.adaptation.stop()
+
+    def _own(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.create_task(coro, name=what)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @contextlib.asynccontextmanager
+    async def blocking_sync(self) -> AsyncIterator[None]:
+        """The read side of the plugin-sync lock: held by every CRI operation (top level
+        only: it is not re-entrant once a registration waits)."""
+        if self.adaptation is None:
+            yield
+            return
+        async with self.sync_lock.read():
+            yield
+
+    # ---- domain (what the adaptation calls) ---------------------------------------------
+
+    async def synchronize(self, sync: SyncFn) -> None:
+        async with self.sync_lock.write():
+            updates = await sync(list(self._pods.values()), list(self._ctrs.values()))
+            failed = await self.update_containers(updates)
+            for u in failed:
+                log.warning("NRI: update of container %s from synchronization failed",
+                            u.container_id)
+
+    async def update_containers(
+            self, updates: Sequence[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
+        """Apply plugin updates to containers' resources; unknown ids are skipped (upstream)."""
+        failed: list[api.ContainerUpdate] = []
+        for u in updates:
+            rec = self.containers.get(u.container_id)
+            if rec is None:
+                continue
+            resources = oci_resource_update(u.linux.resources)
+            if not resources:
+                continue
+            try:
+                assert self.apply_resources is not None
+                await self.apply_resources(rec.id, resources)
+            except Exception as e:
+                log.warning("NRI: updating container %s failed: %s", rec.id, e)
+                if not u.ignore_failure:
+                    failed.append(u)
+        return failed
+
+    def evict(self, evictions: Sequence[api.ContainerEviction]) -> None:
+        for ev in evictions:
+            if self.containers.get(ev.container_id) is None or self.evictor is None:
+                continue
+            log.warning("NRI: evicting container %s: %s", ev.container_id, ev.reason)
+            self._own(self.evictor(ev.container_id, ev.reason or "evicted by an NRI plugin"),
+                      f"evict {ev.container_id[:12]}")
+
+    # ---- pods ---------------------------------------------------------------------------
+
+    async def run_pod(self, rec: SandboxRecord) -> None:
+        """RunPodSandbox hook; a refusal fails the call (the caller undoes the pod)."""
+        if self.adaptation is None:
+            return
+        pod = self._pods[rec.id] = pod_object(rec, self._pod_cgroups_path(rec))
+        await self.adaptation.run_pod_sandbox(pod)
+
+    async def stop_pod(self, sid: str) -> None:
+        """StopPodSandbox hook, once per pod (after all its containers stopped)."""
+        if self.adaptation is None or sid not in self._pods or sid in self._pods_stopped:
+            return
+        self._pods_stopped.add(sid)
+        await self.adaptation.stop_pod_sandbox(self._pods[sid])
+
+    async def remove_pod(self, sid: str) -> None:
+        if self.adaptation is None or sid not in self._pods:
+            return
+        await self.stop_pod(sid)
+        pod = self._pods.pop(sid)
+        self._pods_stopped.discard(sid)
+        await self.adaptation.remove_pod_sandbox(pod)
+
+    async def update_pod(self, rec: SandboxRecord, overhead: api.LinuxResources,
+                         resources: api.LinuxResources) -> None:
+        if self.adaptation is None or rec.id not in self._pods:
+            return
+        await self.adaptation.update_pod_sandbox(self._pods[rec.id], overhead, resources)
+
+    async def post_update_pod(self, rec: SandboxRecord) -> None:
+        if self.adaptation is None or rec.id not in self._pods:
+            return
+        pod = self._pods[rec.id] = pod_object(rec, self._pod_cgroups_path(rec))
+        await self.adaptation.post_update_pod_sandbox(pod)
+
+    def _pod_of(self, sid: str) -> api.PodSandbox:
+        pod = self._pods.get(sid)
+        if pod is None:
+            rec = self.sandboxes.get(sid)
+            pod = (pod_object(rec, self._pod_cgroups_path(rec)) if rec is not None
+                   else api.PodSandbox(id=sid))
+        return pod
+
+    # ---- containers ---------------------------------------------------------------------
+
+    async def create_container(self, rec: ContainerRecord, spec: dict[str, Any]) -> None:
+        """CreateContainer hook on the generated spec: plugins' adjustments are merged,
+        validated and applied to ``spec`` in place; their updates and evictions of other
+        containers are carried out. Any refusal raises (the caller undoes the create,
+        which sends Stop and Remove through ``undo_container``)."""
+        if self.adaptation is None:
+            return
+        ctr = self._ctrs[rec.id] = container_object(rec, spec)
+        result = await self.adaptation.create_container(self._pod_of(rec.sandbox_id), ctr)
+        if result is None:
+            return
+        apply_adjustment(spec, result.adjust, self.host, self.cdi)
+        self._ctrs[rec.id] = container_object(rec, spec)
+        failed = await self.update_containers(result.updates)
+        for u in failed:
+            log.warning("NRI: update of container %s requested at the creation of %s failed",
+                        u.container_id, rec.id)
+        self.evict(result.evictions)
+
+    async def undo_container(self, cid: str) -> None:
+        """A create that failed after its CreateContainer event: Stop and Remove follow."""
+        if self.adaptation is not None and cid in self._ctrs:
+            await self.remove_container(cid)
+
+    async def post_create(self, rec: ContainerRecord) -> None:
+        ctr = self._told(rec)
+        if ctr is not None and self.adaptation is not None:
+            await self.adaptation.post_create_container(self._pod_of(rec.sandbox_id), ctr)
+
+    async def start_container(self, rec: ContainerRecord) -> None:
+        """StartContainer hook, before the process starts; a refusal fails the start."""
+        ctr = self._told(rec)
+        if ctr is not None and self.adaptation is not None:
+            await self.adaptation.start_container(self._pod_of(rec.sandbox_id), ctr)
+
+    async def post_start(self, rec: ContainerRecord) -> None:
+        ctr = self._told(rec)
+        if ctr is not None and self.adaptation is not None:
+            await self.adaptation.post_start_container(self._pod_of(rec.sandbox_id), ctr)
+
+    async def update_container(self, rec: ContainerRecord, requested: api.LinuxResources
+                               ) -> api.LinuxResources:
+        """UpdateContainer hook: the resources to apply (a plugin's update of this container
+        replaces the request, as in containerd); other containers' updates and evictions are
+        carried out."""
+        ctr = self._told(rec)
+        if ctr is None or self.adaptation is None:
+            return requested
+        updates, evictions = await self.adaptation.update_container(
+            self._pod_of(rec.sandbox_id), ctr, requested)
+        final = requested
+        if updates and updates[-1].container_id == rec.id:
+            final = updates.pop().linux.resources
+        failed = await self.update_containers(updates)
+        for u in failed:
+            log.warning("NRI: update of container %s failed", u.container_id)
+        self.evict(evictions)
+        return final
+
+    async def post_update(self, rec: ContainerRecord, resources: api.LinuxResources) -> None:
+        ctr = self._told(rec)
+        if ctr is not None and self.adaptation is not None:
+            ctr.linux.resources.MergeFrom(resources)
+            await self.adaptation.post_update_container(self._pod_of(rec.sandbox_id), ctr)
+
+    async def stop_container(self, cid: str) -> None:
+        """StopContainer hook: exactly once per container, whoever asks first (StopContainer,
+        a pod stop, a removal or the exit watcher); later callers wait for that one."""
+        if self.adaptation is None:
+            return
+        pending = self._stops.get(cid)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return
+        ctr = self._ctrs.get(cid)
+        if ctr is None:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stops[cid] = done
+        try:
+            rec = self.containers.get(cid)
+            if rec is not None:
+                set_status(ctr, rec)
+            updates = await self.adaptation.stop_container(self._pod_of(ctr.pod_sandbox_id), ctr)
+            failed = await self.update_containers(updates)
+            for u in failed:
+                log.warning("NRI: update of container %s at the stop of %s failed",
+                            u.container_id, cid)
+        finally:
+            done.set_result(None)
+
+    def container_exited(self, cid: str) -> None:
+        """From the exit watcher: the Stop event goes out in the background, as its own
+        top-level operation (it takes the read side of the plugin-sync lock)."""
+        if self.adaptation is None or cid not in self._ctrs or cid in self._stops:
+            return
+
+        async def notify() -> None:
+            async with self.sync_lock.read():
+                await self.stop_container(cid)
+
+        self._own(notify(), f"nri stop {cid[:12]}")
+
+    async def remove_container(self, cid: str) -> None:
+        if self.adaptation is None or cid not in self._ctrs:
+            return
+        await self.stop_container(cid)
+        ctr = self._ctrs.pop(cid)
+        self._stops.pop(cid, None)
+        await self.adaptation.remove_container(self._pod_of(ctr.pod_sandbox_id), ctr)
+
+    def _told(self, rec: ContainerRecord) -> api.Container | None:
+        """The container as plugins know it, its status refreshed from ``rec``."""
+        ctr = self._ctrs.get(rec.id)
+        if ctr is not None:
+            set_status(ctr, rec)
+        return ctr

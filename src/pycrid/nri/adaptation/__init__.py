@@ -1,0 +1,1 @@
+"""The runtime side of NRI: plugins, event dispatch, merging and validation of adjustments."""

@@ -1,0 +1,405 @@
+"""The NRI adaptation: the plugins a runtime has, and the relay of its events to them.
+
+Shaped after containerd/nri's ``pkg/adaptation``: events go to subscribed
+plugins one at a time, in index order, one event in flight in the whole
+runtime; CreateContainer replies are merged with field ownership and then
+checked by validators (concurrently); a plugin that crashes, hangs or breaks
+the protocol is closed (and killed if we launched it) and the event carries
+on. The CRI side is a ``Domain``: it owns the plugin-sync lock, so a plugin is
+synchronised and inserted while no CRI operation is in flight.
+
+Where we differ from upstream, on purpose: a badly named pre-installed plugin
+is skipped rather than failing start-up; garbage closes a plugin at once; a
+per-plugin request timeout; Shutdown is sent when the runtime stops; errors
+of the Post*/Stop/Remove events are logged and the other plugins still get
+the event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
+
+from google.protobuf.message import Message
+
+from pycrid.config.schema import NRIConfig
+from pycrid.errors import FailedPrecondition, Unknown
+from pycrid.nri import api
+from pycrid.nri.adaptation import launcher
+from pycrid.nri.adaptation.merge import CreateMerger, CreateResult, UpdateMerger
+from pycrid.nri.adaptation.plugin import (
+    ConnectedPlugin,
+    PluginFailed,
+    PluginGone,
+    RuntimeInfo,
+)
+from pycrid.nri.adaptation.validator import INDEX as VALIDATOR_INDEX
+from pycrid.nri.adaptation.validator import NAME as VALIDATOR_NAME
+from pycrid.nri.adaptation.validator import DefaultValidator
+from pycrid.nri.wire.ttrpc import Code
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+SyncFn = Callable[[list[api.PodSandbox], list[api.Container]],
+                  Awaitable[list[api.ContainerUpdate]]]
+
+#: Events a plugin that answers Unimplemented gets as the deprecated StateChange instead.
+STATE_CHANGE_FALLBACK = frozenset({
+    api.Event.RUN_POD_SANDBOX, api.Event.STOP_POD_SANDBOX, api.Event.REMOVE_POD_SANDBOX,
+    api.Event.POST_UPDATE_POD_SANDBOX, api.Event.POST_CREATE_CONTAINER,
+    api.Event.START_CONTAINER, api.Event.POST_START_CONTAINER,
+    api.Event.POST_UPDATE_CONTAINER, api.Event.REMOVE_CONTAINER,
+})
+
+
+class PluginError(Unknown):
+    """A plugin refused an event that may fail its CRI call."""
+
+
+class Domain(Protocol):
+    """What the adaptation needs from the CRI side (containerd's nri Domain)."""
+
+    async def synchronize(self, sync: SyncFn) -> None:
+        """Under the write side of the plugin-sync lock: call ``sync`` with every current
+        pod and container and apply the updates it returns."""
+
+    async def update_containers(
+            self, updates: Sequence[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
+        """Apply updates to running containers; returns the failed ones."""
+
+    def evict(self, evictions: Sequence[api.ContainerEviction]) -> None:
+        """Stop the named containers (in the background)."""
+
+
+class Adaptation:
+    def __init__(self, config: NRIConfig, *, runtime_name: str, runtime_version: str,
+                 domain: Domain) -> None:
+        self.config = config
+        self.domain = domain
+        self.info = RuntimeInfo(runtime_name, runtime_version,
+                                float(config.plugin_registration_timeout),
+                                float(config.plugin_request_timeout))
+        self.validator = (DefaultValidator(config.default_validator)
+                          if config.default_validator.enable else None)
+        self.plugins: list[ConnectedPlugin] = []
+        self.warnings: list[str] = []
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._listener: socket.socket | None = None
+        self._stopping = False
+
+    # ---- lifetime -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Launch the pre-installed plugins (waiting for their registration and sync), then
+        accept external ones."""
+        found, self.warnings = launcher.discover(self.config.plugin_path)
+        for w in self.warnings:
+            log.warning("%s", w)
+        await asyncio.gather(*(self._launch(f) for f in found))
+        if not self.config.disable_connections:
+            self._listener = _listen(self.config.socket_path)
+            self._own(self._accept_loop(self._listener), "nri accept")
+        log.info("NRI started: %d plugin(s) connected%s", len(self.plugins),
+                 "" if self._listener is None else f", accepting on {self.config.socket_path}")
+
+    async def stop(self) -> None:
+        """Stop accepting, send Shutdown to every plugin, close them all."""
+        self._stopping = True
+        if self._listener is not None:
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.socket_path)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        async with self._lock:
+            plugins, self.plugins = self.plugins, []
+        await asyncio.gather(*(p.shutdown() for p in plugins), return_exceptions=True)
+
+    def _own(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.create_task(coro, name=what)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _launch(self, found: launcher.Found) -> None:
+        try:
+            launched, sock = await launcher.launch(found)
+        except OSError as e:
+            log.error("cannot start NRI plugin %s: %s", found.path, e)
+            return
+        config = launcher.plugin_config(self.config.plugin_config_path, found.idx, found.base)
+        plugin = self._new_plugin(launched=launched, config=config)
+        await self._admit(plugin, sock)
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as e:
+                log.error("NRI socket accept failed: %s", e)
+                return
+            self._own(self._admit(self._new_plugin(), sock), "nri plugin registration")
+
+    def _new_plugin(self, **kw: Any) -> ConnectedPlugin:
+        return ConnectedPlugin(info=self.info, request_timeout=self.info.request_timeout,
+                               on_update=self._unsolicited_update, **kw)
+
+    async def _admit(self, plugin: ConnectedPlugin, sock: socket.socket) -> None:
+        """Handshake, then synchronise and insert under the plugin-sync write lock."""
+        try:
+            await plugin.attach(sock)
+            await plugin.handshake()
+        except PluginGone as e:
+            log.warning("%s", e)
+            return
+        except (OSError, PluginFailed) as e:
+            await plugin.close(f"handshake failed: {e}")
+            return
+        plugin.request_timeout = self._timeout_of(plugin)
+
+        async def sync(pods: list[api.PodSandbox],
+                       containers: list[api.Container]) -> list[api.ContainerUpdate]:
+            if self._stopping:
+                raise PluginGone("runtime is stopping")
+            updates = await plugin.synchronize(pods, containers)
+            async with self._lock:
+                self.plugins = sorted([*self.plugins, plugin], key=lambda p: (p.idx, p.base))
+            log.info("NRI plugin %s synchronized (%d pods, %d containers)", plugin.name,
+                     len(pods), len(containers))
+            return updates
+
+        try:
+            await self.domain.synchronize(sync)
+        except (PluginGone, PluginFailed) as e:
+            await plugin.close(f"synchronization failed: {e}")
+
+    def _timeout_of(self, plugin: ConnectedPlugin) -> float:
+        per = self.config.plugin_request_timeouts
+        for key in (plugin.name, plugin.base):
+            if key in per:
+                return float(per[key])
+        return self.info.request_timeout
+
+    async def _unsolicited_update(
+            self, req: api.UpdateContainersRequest) -> list[api.ContainerUpdate]:
+        failed = await self.domain.update_containers(list(req.update))
+        if req.evict:
+            self.domain.evict(list(req.evict))
+        return failed
+
+    # ---- relaying -----------------------------------------------------------------------
+
+    def subscribed(self, event: int) -> list[ConnectedPlugin]:
+        return [p for p in self.plugins if p.subscribed(event)]
+
+    async def _relay(self, event: int, request: Message, response: type[M], *,
+                     may_fail: bool) -> list[tuple[ConnectedPlugin, M]]:
+        """Send one event to its subscribers in index order; the answers of those that
+        answered. A refusal raises PluginError when the event ``may_fail``."""
+        if not self.subscribed(event):
+            return []
+        method = api.EVENT_METHODS[event]
+        answers: list[tuple[ConnectedPlugin, M]] = []
+        async with self._lock:
+            try:
+                for plugin in self.subscribed(event):
+                    try:
+                        answers.append((plugin, await plugin.call(method, request, response)))
+                    except PluginGone as e:
+                        log.warning("%s (during %s)", e, method)
+                    except PluginFailed as e:
+                        if e.code == Code.UNIMPLEMENTED and event in STATE_CHANGE_FALLBACK:
+                            await self._state_change(plugin, event, request, may_fail)
+                        elif may_fail:
+                            raise PluginError(str(e)) from None
+                        else:
+                            log.warning("%s", e)
+            finally:
+                self._prune()
+        return answers
+
+    async def _state_change(self, plugin: ConnectedPlugin, event: int, request: Message,
+                            may_fail: bool) -> None:
+        ev = api.StateChangeEvent(event=event)  # type: ignore[arg-type]
+        for field in ("pod", "container"):
+            if request.DESCRIPTOR.fields_by_name.get(field) and request.HasField(field):
+                getattr(ev, field).CopyFrom(getattr(request, field))
+        try:
+            await plugin.call("StateChange", ev, api.Empty)
+        except PluginGone as e:
+            log.warning("%s (during StateChange)", e)
+        except PluginFailed as e:
+            if may_fail:
+                raise PluginError(str(e)) from None
+            log.warning("%s", e)
+
+    def _prune(self) -> None:
+        self.plugins = [p for p in self.plugins if not p.closed]
+
+    # ---- pod events ---------------------------------------------------------------------
+
+    async def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        await self._relay(api.Event.RUN_POD_SANDBOX, api.RunPodSandboxRequest(pod=pod),
+                          api.RunPodSandboxResponse, may_fail=True)
+
+    async def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        await self._relay(api.Event.STOP_POD_SANDBOX, api.StopPodSandboxRequest(pod=pod),
+                          api.StopPodSandboxResponse, may_fail=False)
+
+    async def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        await self._relay(api.Event.REMOVE_POD_SANDBOX, api.RemovePodSandboxRequest(pod=pod),
+                          api.RemovePodSandboxResponse, may_fail=False)
+
+    async def update_pod_sandbox(self, pod: api.PodSandbox, overhead: api.LinuxResources,
+                                 resources: api.LinuxResources) -> None:
+        await self._relay(api.Event.UPDATE_POD_SANDBOX, api.UpdatePodSandboxRequest(
+            pod=pod, overhead_linux_resources=overhead, linux_resources=resources),
+            api.UpdatePodSandboxResponse, may_fail=True)
+
+    async def post_update_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        await self._relay(api.Event.POST_UPDATE_POD_SANDBOX,
+                          api.PostUpdatePodSandboxRequest(pod=pod),
+                          api.PostUpdatePodSandboxResponse, may_fail=False)
+
+    # ---- container events ---------------------------------------------------------------
+
+    async def create_container(self, pod: api.PodSandbox,
+                               container: api.Container) -> CreateResult | None:
+        """Every subscriber adjusts in turn (each sees the earlier adjustments), the replies
+        are merged with field ownership, then validated. None when nobody is subscribed."""
+        if not self.subscribed(api.Event.CREATE_CONTAINER) and not self._has_validators():
+            return None
+        async with self._lock:
+            try:
+                merger = CreateMerger(pod, container)
+                instances = [p.instance() for p in self.plugins if not p.closed]
+                for plugin in self.subscribed(api.Event.CREATE_CONTAINER):
+                    request = api.CreateContainerRequest(pod=pod, container=merger.container)
+                    try:
+                        reply = await plugin.call("CreateContainer", request,
+                                                  api.CreateContainerResponse)
+                    except PluginGone as e:
+                        log.warning("%s (during CreateContainer)", e)
+                        continue
+                    except PluginFailed as e:
+                        raise PluginError(str(e)) from None
+                    merger.apply(plugin.name, reply)
+                result = merger.result()
+                await self._validate(pod, merger.pristine, result, instances)
+            finally:
+                self._prune()
+        return result
+
+    def _has_validators(self) -> bool:
+        return self.validator is not None or bool(
+            self.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT))
+
+    async def _validate(self, pod: api.PodSandbox, pristine: api.Container,
+                        result: CreateResult, instances: list[api.PluginInstance]) -> None:
+        validators = self.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT)
+        if self.validator is None and not validators:
+            return
+        if self.validator is not None:
+            instances = [api.PluginInstance(name=VALIDATOR_NAME, index=VALIDATOR_INDEX),
+                         *instances]
+        req = api.ValidateContainerAdjustmentRequest(
+            pod=pod, container=pristine, adjust=result.adjust, update=result.updates,
+            owners=result.owners, plugins=instances)
+
+        async def ask(plugin: ConnectedPlugin) -> str | None:
+            try:
+                rpl = await plugin.call("ValidateContainerAdjustment", req,
+                                        api.ValidateContainerAdjustmentResponse)
+            except (PluginGone, PluginFailed) as e:
+                # A validator that cannot answer fails the create, as upstream.
+                return f"validator plugin {plugin.name} failed: {e}"
+            if rpl.reject:
+                return (f'validator "{plugin.name}" rejected container adjustment, '
+                        f"reason: {rpl.reason}")
+            return None
+
+        verdicts: list[str | None] = list(await asyncio.gather(*(ask(p) for p in validators)))
+        if self.validator is not None:
+            reason = self.validator.validate(req)
+            if reason is not None:
+                verdicts.insert(0, f'validator "{VALIDATOR_INDEX}-{VALIDATOR_NAME}" rejected '
+                                   f"container adjustment, reason: {reason}")
+        for verdict in verdicts:
+            if verdict is not None:
+                raise FailedPrecondition(verdict)
+
+    async def post_create_container(self, pod: api.PodSandbox, ctr: api.Container) -> None:
+        await self._relay(api.Event.POST_CREATE_CONTAINER,
+                          api.PostCreateContainerRequest(pod=pod, container=ctr),
+                          api.PostCreateContainerResponse, may_fail=False)
+
+    async def start_container(self, pod: api.PodSandbox, ctr: api.Container) -> None:
+        await self._relay(api.Event.START_CONTAINER,
+                          api.StartContainerRequest(pod=pod, container=ctr),
+                          api.StartContainerResponse, may_fail=True)
+
+    async def post_start_container(self, pod: api.PodSandbox, ctr: api.Container) -> None:
+        await self._relay(api.Event.POST_START_CONTAINER,
+                          api.PostStartContainerRequest(pod=pod, container=ctr),
+                          api.PostStartContainerResponse, may_fail=False)
+
+    async def update_container(
+            self, pod: api.PodSandbox, ctr: api.Container, resources: api.LinuxResources
+    ) -> tuple[list[api.ContainerUpdate], list[api.ContainerEviction]]:
+        """The merged updates, the target's own (if any) last, and the evictions."""
+        answers = await self._relay(
+            api.Event.UPDATE_CONTAINER,
+            api.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=resources),
+            api.UpdateContainerResponse, may_fail=True)
+        merger = UpdateMerger(ctr.id)
+        for plugin, reply in answers:
+            merger.apply(plugin.name, reply.update, reply.evict)
+        return merger.result()
+
+    async def post_update_container(self, pod: api.PodSandbox, ctr: api.Container) -> None:
+        await self._relay(api.Event.POST_UPDATE_CONTAINER,
+                          api.PostUpdateContainerRequest(pod=pod, container=ctr),
+                          api.PostUpdateContainerResponse, may_fail=False)
+
+    async def stop_container(self, pod: api.PodSandbox,
+                             ctr: api.Container) -> list[api.ContainerUpdate]:
+        answers = await self._relay(api.Event.STOP_CONTAINER,
+                                    api.StopContainerRequest(pod=pod, container=ctr),
+                                    api.StopContainerResponse, may_fail=False)
+        merger = UpdateMerger()
+        for plugin, reply in answers:
+            merger.apply(plugin.name, reply.update, ())
+        return merger.result()[0]
+
+    async def remove_container(self, pod: api.PodSandbox, ctr: api.Container) -> None:
+        await self._relay(api.Event.REMOVE_CONTAINER,
+                          api.RemoveContainerRequest(pod=pod, container=ctr),
+                          api.RemoveContainerResponse, may_fail=False)
+
+
+def _listen(path: str) -> socket.socket:
+    """The external plugins' socket: directory 0700, a stale socket replaced."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(16)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock

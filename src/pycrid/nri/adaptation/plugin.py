@@ -1,0 +1,275 @@
+"""One NRI plugin as the runtime sees it: its connection, its handshake, its calls.
+
+A plugin connects (external, on the NRI socket) or is launched (pre-installed,
+on fd 3 of a socketpair), must register within the registration timeout, is
+configured, and is then synchronised by the adaptation. Every call carries the
+plugin's request timeout. Errors split as in containerd/nri's plugin.go:
+a closed connection, a protocol error or a missed deadline closes the plugin
+(``PluginGone``: the event carries on without it); any other error answer is
+the plugin's verdict (``PluginFailed``), which fails the CRI call for the
+events that may fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from pycrid.nri import api
+from pycrid.nri.wire.connection import RUNTIME_SIDE, Connection, ConnectionClosed, Services, connect
+from pycrid.nri.wire.ttrpc import Code, RequestReceived, TtrpcError
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+
+#: Synchronize chunks are kept this far under ttrpc's 4 MiB message limit (envelope, header).
+SYNC_CHUNK_LIMIT = 4 * 1024 * 1024 - 64 * 1024
+#: How long a launched plugin may take to exit after Shutdown before it is killed.
+SHUTDOWN_GRACE = 1.0
+
+UpdateHandler = Callable[[api.UpdateContainersRequest], Awaitable[list[api.ContainerUpdate]]]
+
+
+class PluginGone(Exception):
+    """The plugin was closed (it crashed, hung, or broke the protocol)."""
+
+
+class PluginFailed(Exception):
+    """The plugin answered a call with an error."""
+
+    def __init__(self, plugin: str, method: str, code: int, message: str) -> None:
+        super().__init__(f"plugin {plugin!r} failed {method}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What Configure tells every plugin about us."""
+
+    name: str
+    version: str
+    registration_timeout: float
+    request_timeout: float
+
+
+@dataclass
+class Launched:
+    """A pre-installed plugin we started: we own its process."""
+
+    path: str
+    idx: str
+    base: str
+    process: asyncio.subprocess.Process
+
+
+class ConnectedPlugin:
+    def __init__(self, *, info: RuntimeInfo, request_timeout: float, config: str = "",
+                 launched: Launched | None = None,
+                 on_update: UpdateHandler | None = None) -> None:
+        self.info = info
+        self.request_timeout = request_timeout
+        self.config = config
+        self.launched = launched
+        self.idx = launched.idx if launched else ""
+        self.base = launched.base if launched else ""
+        self.events = 0
+        self.synchronized = False
+        self._on_update = on_update
+        self._registered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._conn: Connection | None = None
+        self._closing: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        """``NN-name``, as upstream names a plugin in logs and conflict messages."""
+        return f"{self.idx}-{self.base}" if self.idx else "(unregistered plugin)"
+
+    @property
+    def closed(self) -> bool:
+        return self._closing is not None or (self._conn is not None and self._conn.is_closed)
+
+    def subscribed(self, event: int) -> bool:
+        return not self.closed and bool(self.events & api.event_bit(event))
+
+    def instance(self) -> api.PluginInstance:
+        return api.PluginInstance(name=self.base, index=self.idx)
+
+    # ---- handshake ----------------------------------------------------------------------
+
+    async def attach(self, sock: socket.socket) -> None:
+        services = Services()
+        services.add(api.RUNTIME_SERVICE, "RegisterPlugin", self._register)
+        services.add(api.RUNTIME_SERVICE, "UpdateContainers", self._update)
+        # strict: garbage from a plugin closes it at once rather than at the registration
+        # timeout (containerd's behaviour, which the issue asks us to improve on).
+        self._conn = await connect(sock=sock, services=services, roles=RUNTIME_SIDE,
+                                   name=f"nri plugin {self.launched.base if self.launched else ''}"
+                                   .rstrip(), strict=True)
+
+    async def handshake(self) -> None:
+        """Registration (within its timeout), then Configure; raises PluginGone."""
+        assert self._conn is not None
+        closed: asyncio.Future[Any] = asyncio.ensure_future(self._conn.wait_closed())
+        registered: asyncio.Future[Any] = self._registered
+        try:
+            done, _ = await asyncio.wait({registered, closed},
+                                         timeout=self.info.registration_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if self._registered not in done or self._registered.exception() is not None:
+            why = (f"{self._registered.exception()}" if self._registered.done()
+                   else closed.result() if closed in done and not closed.cancelled()
+                   else f"did not register within {self.info.registration_timeout:g}s")
+            await self.close(f"registration failed: {why}")
+            raise PluginGone(f"plugin {self.name}: registration failed: {why}")
+        resp = await self.call("Configure", api.ConfigureRequest(
+            config=self.config, runtime_name=self.info.name,
+            runtime_version=self.info.version,
+            registration_timeout=int(self.info.registration_timeout * 1000),
+            request_timeout=int(self.request_timeout * 1000),
+            NRI_version=api.NRI_VERSION), api.ConfigureResponse)
+        events = resp.events or api.VALID_EVENTS
+        if events & ~api.VALID_EVENTS:
+            await self.close(f"subscribed to unknown events 0x{events & ~api.VALID_EVENTS:x}")
+            raise PluginGone(f"plugin {self.name}: invalid event mask 0x{events:x}")
+        self.events = events
+        log.info("NRI plugin %s registered, subscribed to %s", self.name,
+                 api.event_names(events))
+
+    async def _register(self, ev: RequestReceived) -> bytes:
+        req = api.RegisterPluginRequest.FromString(ev.payload)
+        if self._registered.done():
+            raise TtrpcError(Code.FAILED_PRECONDITION, "plugin already registered")
+        if self.launched is None:
+            # Only external plugins choose their identity; a launched one has its file name.
+            try:
+                api.check_plugin_name(req.plugin_name)
+                api.check_plugin_index(req.plugin_idx)
+            except ValueError as e:
+                self._registered.set_exception(PluginGone(str(e)))
+                raise TtrpcError(Code.INVALID_ARGUMENT, str(e)) from None
+            self.idx, self.base = req.plugin_idx, req.plugin_name
+        self._registered.set_result(None)
+        return api.Empty().SerializeToString()
+
+    async def _update(self, ev: RequestReceived) -> bytes:
+        req = api.UpdateContainersRequest.FromString(ev.payload)
+        if self._on_update is None or not self.synchronized:
+            raise TtrpcError(Code.FAILED_PRECONDITION, "plugin is not synchronized yet")
+        failed = await self._on_update(req)
+        return api.UpdateContainersResponse(failed=failed).SerializeToString()
+
+    # ---- calls --------------------------------------------------------------------------
+
+    async def call(self, method: str, request: Message, response: type[M],
+                   timeout: float | None = None) -> M:
+        if self._conn is None or self.closed:
+            raise PluginGone(f"plugin {self.name} is closed")
+        try:
+            payload = await self._conn.call(api.PLUGIN_SERVICE, method,
+                                            request.SerializeToString(),
+                                            timeout=timeout or self.request_timeout)
+        except ConnectionClosed as e:
+            await self.close(f"{method}: {e.message}")
+            raise PluginGone(f"plugin {self.name} closed: {e.message}") from None
+        except TtrpcError as e:
+            if e.code == Code.DEADLINE_EXCEEDED:
+                await self.close(f"{method}: no answer within "
+                                 f"{timeout or self.request_timeout:g}s")
+                raise PluginGone(f"plugin {self.name} timed out in {method}") from None
+            raise PluginFailed(self.name, method, e.code, e.message) from None
+        try:
+            return response.FromString(payload)
+        except DecodeError as e:
+            await self.close(f"{method}: undecodable answer ({e})")
+            raise PluginGone(f"plugin {self.name} sent an undecodable {method} answer") from None
+
+    async def synchronize(self, pods: Sequence[api.PodSandbox],
+                          containers: Sequence[api.Container]) -> list[api.ContainerUpdate]:
+        """Send the current objects, split in ``more`` chunks under the message limit."""
+        chunks = list(sync_chunks(pods, containers))
+        for n, (chunk_pods, chunk_ctrs) in enumerate(chunks):
+            more = n < len(chunks) - 1
+            resp = await self.call("Synchronize", api.SynchronizeRequest(
+                pods=chunk_pods, containers=chunk_ctrs, more=more), api.SynchronizeResponse)
+            if more and (resp.update or not resp.more):
+                await self.close("does not handle split Synchronize requests")
+                raise PluginGone(f"plugin {self.name} does not handle split sync requests")
+        self.synchronized = True
+        return list(resp.update)
+
+    # ---- ending -------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Tell the plugin we are stopping (containerd never does), then close it."""
+        if not self.closed and self._registered.done():
+            with contextlib.suppress(PluginGone, PluginFailed):
+                await self.call("Shutdown", api.Empty(), api.Empty,
+                                timeout=min(self.request_timeout, SHUTDOWN_GRACE))
+            if self.launched is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.launched.process.wait(), SHUTDOWN_GRACE)
+        await self.close("runtime shutting down")
+
+    async def close(self, reason: str) -> None:
+        """Close the connection and kill the process if we launched it (idempotent)."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(reason))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, reason: str) -> None:
+        if reason != "runtime shutting down":
+            log.warning("closing NRI plugin %s: %s", self.name, reason)
+        if self._conn is not None:
+            await self._conn.aclose(reason)
+        if self.launched is not None:
+            proc = self.launched.process
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            await proc.wait()
+
+
+def _entry_size(msg: Message) -> int:
+    # A repeated message field costs its tag, its length varint and its bytes.
+    size = msg.ByteSize()
+    return size + 1 + (size.bit_length() + 6) // 7
+
+
+def sync_chunks(pods: Sequence[api.PodSandbox], containers: Sequence[api.Container],
+                limit: int = SYNC_CHUNK_LIMIT
+                ) -> list[tuple[list[api.PodSandbox], list[api.Container]]]:
+    """Split the sync set so each SynchronizeRequest stays under ``limit`` bytes.
+
+    Pods go first, so a plugin has seen a container's pod when it meets the
+    container (upstream's order). Always at least one (maybe empty) chunk.
+    """
+    chunks: list[tuple[list[api.PodSandbox], list[api.Container]]] = []
+    cur_pods: list[api.PodSandbox] = []
+    cur_ctrs: list[api.Container] = []
+    used = 2  # the ``more`` flag
+    items: list[api.PodSandbox | api.Container] = [*pods, *containers]
+    for item in items:
+        size = _entry_size(item)
+        if size + 2 > limit:
+            raise ValueError(f"object {item.id} alone exceeds the NRI message limit")
+        if used + size > limit and (cur_pods or cur_ctrs):
+            chunks.append((cur_pods, cur_ctrs))
+            cur_pods, cur_ctrs, used = [], [], 2
+        if isinstance(item, api.PodSandbox):
+            cur_pods.append(item)
+        else:
+            cur_ctrs.append(item)
+        used += size
+    chunks.append((cur_pods, cur_ctrs))
+    return chunks
