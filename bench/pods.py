@@ -300,12 +300,12 @@ def print_report(summary: dict[str, dict[str, float]], runs: int) -> None:
 # ---------------------------------------------------------------------------
 
 
-def check_host() -> None:
+def check_host(prog: str = "bench.pods") -> None:
     if os.geteuid() != 0:
-        sys.exit("bench.pods needs root (it runs real containers)")
+        sys.exit(f"{prog} needs root (it runs real containers)")
     for tool in (RUNC, "/usr/bin/conmon", "/usr/bin/docker-registry"):
         if not os.path.exists(tool):
-            sys.exit(f"bench.pods needs {tool}")
+            sys.exit(f"{prog} needs {tool}")
 
 
 def _sigterm(_signum: int, _frame: Any) -> None:
@@ -315,13 +315,13 @@ def _sigterm(_signum: int, _frame: Any) -> None:
 WORKER_ENV = "PYCRID_BENCH_WORKER"
 
 
-def supervise(argv: list[str]) -> int:
+def supervise(argv: list[str], module: str = "bench.pods") -> int:
     """Run the benchmark in its own session and forward SIGINT/SIGTERM to it alone.
 
     A terminal Ctrl-C signals the whole foreground process group; pycrid would stop on it
     before the benchmark had removed its pods, leaving conmon and containers behind.
     """
-    child = subprocess.Popen([sys.executable, "-m", "bench.pods", *argv],
+    child = subprocess.Popen([sys.executable, "-m", module, *argv],
                              env={**os.environ, WORKER_ENV: "1"}, start_new_session=True)
 
     def forward(signum: int, _frame: Any) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -321,3 +323,52 @@ async def test_unsolicited_updates_and_evictions_reach_the_domain(tmp_path: Path
             failed = await stub.update_containers([upd])
     assert failed == []
     assert [u.container_id for u in domain.updates] == ["ctr-1"]
+
+
+# ---------------------------------------------------------------- pre-installed plugins
+
+PLUGIN_SCRIPT = """#!{python}
+import json, sys
+sys.path[:0] = {path!r}
+from pycrid.nri import Plugin, run
+
+class P(Plugin):
+    def configure(self, config, runtime_name, runtime_version):
+        with open({out!r}, "w") as f:
+            # /proc/self/environ: what exec gave us, before Python's own locale coercion.
+            with open("/proc/self/environ", "rb") as e:
+                env = dict(kv.decode().split("=", 1) for kv in e.read().split(b"\\0") if kv)
+            json.dump({{"env": env, "config": config,
+                       "runtime": [runtime_name, runtime_version]}}, f)
+        return 0
+
+    def run_pod_sandbox(self, pod):
+        pass
+
+sys.exit(run(P()))
+"""
+
+
+async def test_preinstalled_plugin_gets_fd3_exact_env_and_its_config(tmp_path: Path) -> None:
+    plugins, conf = tmp_path / "plugins", tmp_path / "conf.d"
+    plugins.mkdir()
+    conf.mkdir()
+    out = tmp_path / "seen.json"
+    script = plugins / "42-probe"
+    script.write_text(PLUGIN_SCRIPT.format(python=sys.executable, path=sys.path, out=str(out)))
+    script.chmod(0o755)
+    (plugins / "not-a-plugin").write_text("#!/bin/sh\nexit 1\n")
+    (plugins / "not-a-plugin").chmod(0o755)
+    (conf / "probe.conf").write_text("generic")
+    (conf / "42-probe.conf").write_text("specific")
+    async with adaptation(tmp_path) as a:
+        assert [p.name for p in a.plugins] == ["42-probe"]
+        assert any("not-a-plugin" in w for w in a.warnings)
+        proc = a.plugins[0].launched
+        assert proc is not None
+    seen = json.loads(out.read_text())
+    assert seen["env"] == {"NRI_PLUGIN_NAME": "probe", "NRI_PLUGIN_IDX": "42",
+                           "NRI_PLUGIN_SOCKET": "3"}
+    assert seen["config"] == "specific"
+    assert seen["runtime"] == ["pycrid", "t"]
+    assert proc.process.returncode is not None  # shut down (or killed) with the runtime

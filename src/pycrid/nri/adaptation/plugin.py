@@ -18,7 +18,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -61,6 +61,14 @@ class RuntimeInfo:
     request_timeout: float
 
 
+class ChildProcess(Protocol):
+    returncode: int | None
+
+    def kill(self) -> None: ...
+
+    async def wait(self) -> int: ...
+
+
 @dataclass
 class Launched:
     """A pre-installed plugin we started: we own its process."""
@@ -68,7 +76,7 @@ class Launched:
     path: str
     idx: str
     base: str
-    process: asyncio.subprocess.Process
+    process: ChildProcess
 
 
 class ConnectedPlugin:
@@ -234,9 +242,7 @@ class ConnectedPlugin:
             await self._conn.aclose(reason)
         if self.launched is not None:
             proc = self.launched.process
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+            proc.kill()
             await proc.wait()
 
 
