@@ -14,7 +14,13 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import CRIClient, running_daemon, serve_command, wait_ready
+from tests.support.daemon import (
+    CRIClient,
+    running_daemon,
+    serve_command,
+    wait_ready,
+    with_private_nri,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -111,7 +117,9 @@ def test_invalid_config_stops_startup_naming_the_key(tmp_path: Path, config: str
 def test_json_logs_and_sigint(tmp_path: Path) -> None:
     root, state = tmp_path / "root", tmp_path / "state"
     address = str(state / "pycrid.sock")
-    cmd = [*serve_command(None, str(root), str(state), address), "--log-format", "json"]
+    config = tmp_path / "config.toml"
+    config.write_text(with_private_nri("version = 2\n", str(tmp_path)))
+    cmd = [*serve_command(str(config), str(root), str(state), address), "--log-format", "json"]
     log_path = tmp_path / "log"
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=logf)

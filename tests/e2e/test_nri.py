@@ -549,3 +549,34 @@ def test_shutdown_is_sent_to_plugins_when_the_daemon_stops(
             assert has_event("Shutdown")(read_events(ext)), env.log_tail()
             proc.wait(10)  # the external plugin ends when the daemon goes away
     wait_for(lambda: pid_gone(pid), 10, "the pre-installed plugin to exit")
+
+
+def test_update_resources_reach_plugins_and_the_live_cgroup(main: NRIDaemon, pods: Pods) -> None:
+    rec = main.record("10-rec")
+    pod = pod_config()
+    sid = pods.run(pod)
+    cid = pods.run_container(sid, sleeper(main), pod)
+    pods.wait_state(cid, pb.CONTAINER_RUNNING)
+    limit = 96 * 1024 * 1024
+    main.daemon.client.runtime.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+        container_id=cid, linux=pb.LinuxContainerResources(
+            memory_limit_in_bytes=limit, cpu_shares=512)), timeout=30)
+    spec = json.loads(pods.status(cid, verbose=True).info["info"])["runtimeSpec"]
+    assert spec["linux"]["resources"]["memory"]["limit"] == limit
+    assert spec["linux"]["resources"]["cpu"]["shares"] == 512
+    cgroup = Path("/sys/fs/cgroup/memory") / spec["linux"]["cgroupsPath"].lstrip("/")
+    assert int((cgroup / "memory.limit_in_bytes").read_text()) == limit
+    main.daemon.client.runtime.UpdatePodSandboxResources(pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=sid, resources=pb.LinuxContainerResources(cpu_shares=1024)), timeout=30)
+    wait_events(rec, has_event("PostUpdatePodSandbox", pod_id=sid), 20, "PostUpdatePodSandbox")
+    mine = [(e["event"], e.get("container_id", "")) for e in read_events(rec)
+            if e["event"].startswith(("Update", "PostUpdate"))
+            and (e.get("container_id") == cid or e.get("pod_id") == sid)]
+    assert mine == [("UpdateContainer", cid), ("PostUpdateContainer", cid),
+                    ("UpdatePodSandbox", ""), ("PostUpdatePodSandbox", "")], mine
+    # An exited container cannot be updated.
+    pods.stop(cid, timeout=0)
+    err = rpc_error(lambda: main.daemon.client.runtime.UpdateContainerResources(
+        pb.UpdateContainerResourcesRequest(container_id=cid, linux=pb.LinuxContainerResources(
+            cpu_shares=256)), timeout=30))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
