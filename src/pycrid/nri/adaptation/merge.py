@@ -59,7 +59,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from google.protobuf.message import Message
@@ -484,26 +484,18 @@ class CreateMerger:
             put(key)
 
     def _annotations(self, plugin: str, adj: api.ContainerAdjustment) -> None:
-        change = adj.annotations
-        if not change:
-            return
-        merged, working = self._adjust.annotations, self.container.annotations
-
-        def remove(key: str) -> None:
-            working.pop(key, None)
-            merged.pop(key, None)
-            merged[api.mark_for_removal(key)] = ""
-
-        def put(key: str) -> None:
-            working[key] = merged[key] = change[key]
-
-        self._keyed_map(plugin, _F.Annotations, list(change), remove=remove, put=put)
+        self._string_map(plugin, _F.Annotations, adj.annotations, self._adjust.annotations,
+                         self.container.annotations)
 
     def _sysctl(self, plugin: str, lin: api.LinuxContainerAdjustment) -> None:
-        change = lin.sysctl
+        self._string_map(plugin, _F.Sysctl, lin.sysctl, self._adjust.linux.sysctl,
+                         self.container.linux.sysctl)
+
+    def _string_map(self, plugin: str, field: int, change: Any, merged: Any,
+                    working: Any) -> None:
+        """A string map owned per key (annotations, sysctls)."""
         if not change:
             return
-        merged, working = self._adjust.linux.sysctl, self.container.linux.sysctl
 
         def remove(key: str) -> None:
             working.pop(key, None)
@@ -513,7 +505,7 @@ class CreateMerger:
         def put(key: str) -> None:
             working[key] = merged[key] = change[key]
 
-        self._keyed_map(plugin, _F.Sysctl, list(change), remove=remove, put=put)
+        self._keyed_map(plugin, field, list(change), remove=remove, put=put)
 
     def _net_devices(self, plugin: str, lin: api.LinuxContainerAdjustment) -> None:
         change = lin.net_devices
