@@ -128,11 +128,8 @@ class ContainerManager:
     # ---- lookups -------------------------------------------------------------------------
 
     def find(self, prefix: str, *, visible: bool = False) -> ContainerRecord:
-        """The container ``prefix`` names; with ``visible``, not one still being created
-        (critest: invisible while its CreateContainer hook runs)."""
-        ids = self.store.ids()
-        if visible:
-            ids = [i for i in ids if (r := self.store.get(i)) is not None and r.phase != CREATING]
+        """The container ``prefix`` names; with ``visible``, only among ``store.visible()``."""
+        ids = [r.id for r in self.store.visible()] if visible else self.store.ids()
         cid = resolve_prefix(ids, prefix, "container")
         rec = self.store.get(cid)
         assert rec is not None
@@ -142,7 +139,7 @@ class ContainerManager:
         return [c for c in self.store.all() if c.sandbox_id == sandbox_id]
 
     def list(self, flt: pb.ContainerFilter | None) -> list[ContainerRecord]:
-        recs = [r for r in self.store.all() if r.phase != CREATING]
+        recs = self.store.visible()
         if flt is None:
             return recs
         if flt.id:

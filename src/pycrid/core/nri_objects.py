@@ -192,7 +192,7 @@ def container_object(rec: ContainerRecord, spec: Mapping[str, Any]) -> api.Conta
     ctr.CDI_devices.extend(api.CDIDevice(name=d.name) for d in cfg.CDI_devices)
     ctr.image.name = rec.image_name
     ctr.image.config_digest = rec.image_id
-    if rec.image_ref.startswith(("sha256:",)) is False and "@" in rec.image_ref:
+    if "@" in rec.image_ref:  # a repo digest, name@sha256:...
         ctr.image.digest = rec.image_ref.split("@", 1)[1]
     linux = ctr.linux
     for ns in linux_spec.get("namespaces") or ():

@@ -68,18 +68,15 @@ class PodManager:
         os.makedirs(netns_dir, mode=0o711, exist_ok=True)
 
     def find(self, prefix: str, *, visible: bool = False) -> SandboxRecord:
-        """The pod ``prefix`` names; with ``visible``, not one still being created (critest:
-        a pod is invisible while its RunPodSandbox hook runs)."""
-        ids = self.store.ids()
-        if visible:
-            ids = [i for i in ids if (r := self.store.get(i)) is not None and r.phase != CREATING]
+        """The pod ``prefix`` names; with ``visible``, only among ``store.visible()``."""
+        ids = [r.id for r in self.store.visible()] if visible else self.store.ids()
         sid = resolve_prefix(ids, prefix, "pod sandbox")
         rec = self.store.get(sid)
         assert rec is not None
         return rec
 
     def list(self, flt: pb.PodSandboxFilter | None) -> list[SandboxRecord]:
-        recs = [r for r in self.store.all() if r.phase != CREATING]
+        recs = self.store.visible()
         if flt is None:
             return recs
         if flt.id:

@@ -127,6 +127,11 @@ class RecordStore(Generic[R]):
     def ids(self) -> list[str]:
         return list(self._items)
 
+    def visible(self) -> list[R]:
+        """Records whose object is complete or going away: not one still being created
+        (critest: an object is invisible while its Run/Create hook runs)."""
+        return [r for r in self._items.values() if r.phase != CREATING]
+
     def put(self, rec: R) -> R:
         fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
                   if f.name != "config"}

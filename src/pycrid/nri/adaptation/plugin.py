@@ -120,8 +120,7 @@ class ConnectedPlugin:
         # strict: garbage from a plugin closes it at once rather than at the registration
         # timeout (containerd's behaviour, which the issue asks us to improve on).
         self._conn = await connect(sock=sock, services=services, roles=RUNTIME_SIDE,
-                                   name=f"nri plugin {self.launched.base if self.launched else ''}"
-                                   .rstrip(), strict=True)
+                                   name=f"nri plugin {self.base or '(external)'}", strict=True)
 
     async def handshake(self) -> None:
         """Registration (within its timeout), then Configure; raises PluginGone."""
@@ -134,10 +133,15 @@ class ConnectedPlugin:
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
-        if self._registered not in done or self._registered.exception() is not None:
-            why = (f"{self._registered.exception()}" if self._registered.done()
-                   else closed.result() if closed in done and not closed.cancelled()
-                   else f"did not register within {self.info.registration_timeout:g}s")
+        if registered in done and registered.exception() is None:
+            why = ""
+        elif registered in done:
+            why = str(registered.exception())
+        elif closed in done:
+            why = closed.result()
+        else:
+            why = f"did not register within {self.info.registration_timeout:g}s"
+        if why:
             await self.close(f"registration failed: {why}")
             raise PluginGone(f"plugin {self.name}: registration failed: {why}")
         resp = await self.call("Configure", api.ConfigureRequest(
