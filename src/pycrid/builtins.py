@@ -110,7 +110,17 @@ async def _init_images(ctx: InitContext) -> Any:
 
 async def _init_runtime_config(ctx: InitContext) -> Any:
     # The CRI runtime section: read by the runtime, sandbox and CRI plugins.
-    return ctx.config
+    from pycrid.config.decode import ConfigError
+    from pycrid.config.schema import RuntimeHandlerConfig
+
+    config: RuntimeConfig = ctx.config
+    # A config that adds handlers keeps the default runc one, as containerd's does.
+    config.runtimes.setdefault("runc", RuntimeHandlerConfig())
+    if config.default_runtime_name not in config.runtimes:
+        raise ConfigError(f'plugins."{CRI}.runtime".default_runtime_name',
+                          f"{config.default_runtime_name!r} is not one of runtimes "
+                          f"({', '.join(sorted(config.runtimes))})")
+    return config
 
 
 async def _init_nri_config(ctx: InitContext) -> Any:

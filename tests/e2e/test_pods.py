@@ -159,8 +159,8 @@ def test_containers_share_network_and_ipc(daemon: Daemon, pods: Pods, clean: Non
     # /dev/shm is the pod's: a file written by one container is seen by the other.
     assert pods.exec(a, ["sh", "-c", "echo shared > /dev/shm/f"]).exit_code == 0
     assert pods.exec(b, ["cat", "/dev/shm/f"]).stdout == b"shared\n"
-    # Only loopback, and it is up.
-    assert pods.exec(a, ["ls", "/sys/class/net"]).stdout.split() == [b"lo"]
+    # Loopback, up, and the CNI interface.
+    assert pods.exec(a, ["ls", "/sys/class/net"]).stdout.split() == [b"eth0", b"lo"]
     flags = int(pods.exec(a, ["cat", "/sys/class/net/lo/flags"]).stdout, 16)
     assert flags & 0x1, "lo is not up"
 

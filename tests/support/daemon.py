@@ -16,6 +16,8 @@ import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
+from tests.support.network import with_private_cni
+
 
 class CRIClient:
     """A synchronous CRI client over the daemon's real socket."""
@@ -132,7 +134,7 @@ def running_daemon(base: str, config_text: str | None = None, *extra: str,
     address = os.path.join(state, "pycrid.sock")
     config = os.path.join(base, "config.toml")
     with open(config, "w") as f:
-        f.write(with_private_nri(config_text or "version = 2\n", base))
+        f.write(with_private_cni(with_private_nri(config_text or "version = 2\n", base), base))
     log_path = os.path.join(base, "pycrid.log")
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(serve_command(config, root, state, address, *extra),

@@ -178,10 +178,11 @@ def processes_mentioning(text: str) -> list[str]:
 def leftovers(root: str, state: str) -> list[str]:
     """Everything a daemon with this root and state left behind for pods and containers:
     mounts, monitor/runtime processes, container cgroups, netns, bundles, exit files,
-    runc state, writable snapshots."""
+    runc state, writable snapshots, CNI cache entries and pod IPs still allocated."""
     import sqlite3
 
     from tests.support.daemon import mounts_under
+    from tests.support.network import allocated_ips
 
     found = [f"mount {m}" for m in mounts_under(root) + mounts_under(state)]
     found += [f"process {p}" for p in processes_mentioning(state)]
@@ -189,9 +190,10 @@ def leftovers(root: str, state: str) -> list[str]:
     for d in (os.path.join(state, "netns"), os.path.join(state, "containers"),
               os.path.join(state, "sandboxes"), os.path.join(root, "containers"),
               os.path.join(root, "sandboxes"), os.path.join(state, "exits"),
-              os.path.join(state, "runc")):
+              os.path.join(state, "runc"), os.path.join(root, "cni", "results")):
         if os.path.isdir(d):
             found += [f"file {os.path.join(d, n)}" for n in os.listdir(d)]
+    found += [f"pod IP {ip}" for ip in allocated_ips(os.path.dirname(root))]
     db = os.path.join(root, "metadata", "pycrid.db")
     if os.path.exists(db):
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)

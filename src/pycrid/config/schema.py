@@ -100,6 +100,43 @@ class ImagesConfig:
     registry: RegistryConfig = cfg(RegistryConfig(), "Registry access.")
 
 
+def _abs_paths(v: Any) -> str | None:
+    bad = [p for p in v if not os.path.isabs(p)]
+    return f"must be absolute paths ({', '.join(map(repr, bad))} is not)" if bad else None
+
+
+@dataclass
+class CNIConfig:
+    """``[plugins."pycrid.cri.v1.runtime".cni]``: containerd's CNI keys."""
+
+    bin_dirs: list[str] = cfg(["/opt/cni/bin", "/usr/lib/cni"],
+                              "Directories searched for CNI plugin binaries, in order.",
+                              _abs_paths)
+    conf_dir: str = cfg("/etc/cni/net.d",
+                        "CNI network configs (.conflist, .conf, .json), used in name order\n"
+                        "and watched: changes apply without a restart.", _abs_path)
+    max_conf_num: int = cfg(1, "How many config files become networks (eth0, eth1, ...);\n"
+                            "0: all of them.", at_least(0))
+    conf_template: str = cfg(
+        "", "A Go-template conflist written to conf_dir as 10-pycrid-net.conflist when the\n"
+        "kubelet sends a pod CIDR (UpdateRuntimeConfig) and no valid config exists.\n"
+        "Fields: .PodCIDR, .PodCIDRRanges, .Routes.", _abs_or_empty)
+    ip_pref: str = cfg("ipv4", "Which pod IP is primary: the first IPv4 (\"ipv4\"), the first\n"
+                       "IPv6 (\"ipv6\") or the first the plugin returned (\"cni\").",
+                       one_of("ipv4", "ipv6", "cni"))
+
+
+@dataclass
+class RuntimeHandlerConfig:
+    """One runtime handler (RuntimeClass): ``[plugins."pycrid.cri.v1.runtime".runtimes.NAME]``."""
+
+    runtime_type: str = cfg("io.containerd.runc.v2", "Only runc (watched by conmon) for now.",
+                            one_of("io.containerd.runc.v2"))
+    cni_conf_dir: str = cfg("", "This handler's own CNI config dir (empty: the [cni] one).",
+                            _abs_or_empty)
+    cni_max_conf_num: int = cfg(1, "max_conf_num for cni_conf_dir (0: all).", at_least(0))
+
+
 @dataclass
 class RuntimeConfig:
     """``[plugins."pycrid.cri.v1.runtime"]``."""
@@ -110,6 +147,11 @@ class RuntimeConfig:
     runtime_path: str = cfg("", "The runc binary (empty: search PATH and /usr/sbin).")
     conmon_path: str = cfg("", "The conmon binary that watches each container\n"
                            "(empty: search PATH).")
+    default_runtime_name: str = cfg("runc", "The handler of pods that name none (one of runtimes).")
+    runtimes: dict[str, RuntimeHandlerConfig] = cfg(
+        {"runc": RuntimeHandlerConfig()}, "Runtime handlers by name (RunPodSandbox's\n"
+        "runtime_handler).")
+    cni: CNIConfig = cfg(CNIConfig(), "Pod networking with CNI plugins.")
 
 
 @dataclass

@@ -136,7 +136,7 @@ def pod_object(rec: SandboxRecord, cgroups_path: str) -> api.PodSandbox:
     cfg, md = rec.config, rec.config.metadata
     pod = api.PodSandbox(id=rec.id, name=md.name, uid=md.uid, namespace=md.namespace,
                          labels=dict(cfg.labels), annotations=dict(cfg.annotations),
-                         runtime_handler=rec.runtime_handler, pid=rec.pid)
+                         runtime_handler=rec.runtime_handler, pid=rec.pid, ips=list(rec.ips))
     linux = pod.linux
     linux.cgroup_parent = cfg.linux.cgroup_parent
     linux.cgroups_path = cgroups_path

@@ -1,9 +1,10 @@
 """Pod sandboxes: run, stop, remove, status, list.
 
 ``run`` is the readable sequence of DESIGN.md: reserve the name, record the
-intent, make the network namespace, let the sandbox controller create and
-start the pause container, mark the pod ready; each step's undo is pushed
-right after it succeeds, so a failure at any point leaves nothing behind.
+intent, make the network namespace, attach it to the pod network (CNI ADD),
+let the sandbox controller create and start the pause container, mark the pod
+ready; each step's undo is pushed right after it succeeds, so a failure at any
+point leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import secrets
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
@@ -27,6 +29,8 @@ from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint
 from pycrid.images.service import ImageService
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
+from pycrid.network.pod import bandwidth
+from pycrid.network.service import PodNetworks
 from pycrid.runtime.exits import Exit
 from pycrid.sandbox.controller import SandboxController, SandboxRequest
 from pycrid.store.images import ImageRecord
@@ -34,30 +38,35 @@ from pycrid.store.pods import CREATING, REMOVING, RecordStore, SandboxRecord
 
 log = logging.getLogger(__name__)
 
-#: The runtime handlers pycrid knows; "" is the default one.
-RUNTIME_HANDLERS = ("", "runc")
+#: How many pods' networks recovery CHECKs at once.
+_RECOVERY_CHECKS = 8
 
 
-def _validate(config: pb.PodSandboxConfig, handler: str) -> None:
+def _validate(config: pb.PodSandboxConfig, handler: str, handlers: Collection[str]) -> None:
     md = config.metadata
     if not config.HasField("metadata") or not md.name or not md.namespace:
         raise InvalidArgument("pod sandbox config must include metadata with a name and "
                               "a namespace")
-    if handler not in RUNTIME_HANDLERS:
+    if handler and handler not in handlers:
         raise InvalidArgument(f"no runtime for handler {handler!r} is configured "
-                              f"(known: {', '.join(repr(h) for h in RUNTIME_HANDLERS)})")
+                              f"(known: {', '.join(repr(h) for h in sorted(handlers))})")
     opts = config.linux.security_context.namespace_options
     if opts.network == pb.NODE and config.hostname:
         # runc refuses a hostname without a private UTS namespace; say so up front.
         raise InvalidArgument("a host-network pod shares the node's hostname: "
                               "hostname must be empty")
+    if opts.network != pb.NODE:
+        bandwidth(config.annotations)  # refuses unreadable limits before any side effect
 
 
 class PodManager:
     def __init__(self, *, store: RecordStore[SandboxRecord], controller: SandboxController,
                  containers: ContainerManager, images: ImageService, netns_dir: str,
-                 locks: KeyedLocks, nri: NRI) -> None:
+                 locks: KeyedLocks, nri: NRI, network: PodNetworks,
+                 handlers: Collection[str]) -> None:
         self.store = store
+        self.network = network
+        self.handlers = frozenset(handlers)
         self.controller = controller
         self.containers = containers
         self.images = images
@@ -91,7 +100,7 @@ class PodManager:
     # ---- run -----------------------------------------------------------------------------
 
     async def run(self, config: pb.PodSandboxConfig, handler: str) -> str:
-        _validate(config, handler)
+        _validate(config, handler, self.handlers)
         md = config.metadata
         name = f"{md.name}_{md.namespace}_{md.uid}_{md.attempt}"
         sid = secrets.token_hex(32)
@@ -112,6 +121,11 @@ class PodManager:
                 await asyncio.to_thread(create_netns, netns)
                 undo.callback(remove_netns, netns)
                 failpoint("sandbox.netns")
+                # Pushed before the ADD: a failed ADD may have allocated (containerd too).
+                undo.push_async_callback(self._detach, sid)
+                ips = await self.network.attach(sid, netns, config, handler)
+                self.store.update(sid, ips=tuple(ips))
+                failpoint("sandbox.network")
             undo.push_async_callback(self.controller.shutdown, sid)
             await self.controller.create(SandboxRequest(
                 id=sid, config=config, image_name=self.images.config.sandbox_image,
@@ -155,6 +169,7 @@ class PodManager:
         await self.controller.stop(sid)
         rec = self.store.get(sid)
         if rec is not None and rec.netns:
+            await self._detach(sid)
             await asyncio.to_thread(remove_netns, rec.netns)
         if rec is not None and rec.phase == "ready":
             self.store.update(sid, phase="notready")
@@ -176,11 +191,21 @@ class PodManager:
         failpoint("sandbox.remove")
         await self.controller.shutdown(rec.id)
         if rec.netns:
+            await self._detach(rec.id)
             await asyncio.to_thread(remove_netns, rec.netns)
         self.store.delete(rec.id)
         self.names.release(rec.name)
         self.locks.drop(rec.id)
         await self.nri.remove_pod(rec.id)
+
+    async def _detach(self, sid: str) -> None:
+        """CNI DEL of the pod, if anything is attached: a cached result (also after a
+        restart or reboot) or a still-pinned netns (a crash during ADD)."""
+        rec = self.store.get(sid)
+        if rec is None or not rec.netns:
+            return
+        await self.network.detach(sid, rec.netns, rec.config, rec.runtime_handler,
+                                  netns_alive=is_pinned(rec.netns))
 
     async def update_resources(self, prefix: str, overhead: pb.LinuxContainerResources | None,
                                resources: pb.LinuxContainerResources | None) -> None:
@@ -224,6 +249,19 @@ class PodManager:
                 log.exception("pod sandbox %s: recovery failed; marking it not ready", rec.id)
                 if self.store.get(rec.id) is not None:
                     self.store.update(rec.id, phase="notready")
+        bound = asyncio.Semaphore(_RECOVERY_CHECKS)
+        await asyncio.gather(*(self._check_network(r, bound) for r in self.store.all()
+                               if r.ready and r.netns))
+
+    async def _check_network(self, rec: SandboxRecord, bound: asyncio.Semaphore) -> None:
+        """CNI CHECK of a pod that survived the restart: a broken network is not ready."""
+        async with bound:
+            problem = await self.network.check(rec.id, rec.netns, rec.config,
+                                               rec.runtime_handler)
+        if problem is not None and self.store.get(rec.id) is not None:
+            log.warning("pod sandbox %s: network CHECK failed, marking it not ready: %s",
+                        rec.id, problem)
+            self.store.update(rec.id, phase="notready")
 
     async def _recover_one(self, rec: SandboxRecord) -> None:
         if rec.phase == CREATING:
@@ -232,6 +270,7 @@ class PodManager:
                 await self.containers.remove_locked(c.id)
             await self.controller.shutdown(rec.id)
             if rec.netns:
+                await self._detach(rec.id)
                 await asyncio.to_thread(remove_netns, rec.netns)
             self.store.delete(rec.id)
             return
@@ -253,5 +292,6 @@ class PodManager:
         return {"pid": rec.pid, "processStatus": status.state,
                 "netNamespaceClosed": bool(rec.netns) and not is_pinned(rec.netns),
                 "netns": rec.netns, "image": rec.image_name, "snapshotKey": rec.id,
+                "cniResult": {c.ifname: c.result for c in self.network.cache.of(rec.id)},
                 "snapshotter": self.images.snapshotter.name,
                 "runtimeSpec": status.info.get("runtimeSpec")}

@@ -1,6 +1,6 @@
 """CRIService: the core that the CRI servicers call.
 
-It holds the parts (images, pods, containers; network and NRI later), owns the
+It holds the parts (images, pods, containers, pod networks, NRI), owns the
 exit watcher that feeds exits to pods and containers, runs start-up recovery,
 and answers the runtime-wide questions: version, readiness conditions,
 runtime config.
@@ -22,6 +22,7 @@ from pycrid.core.nri import NRI, runc_version
 from pycrid.core.pods import PodManager
 from pycrid.core.registrar import KeyedLocks
 from pycrid.images.service import ImageService
+from pycrid.network.service import PodNetworks
 from pycrid.oci.adjust import HostSupport
 from pycrid.oci.spec import CgroupDriver, cgroups_path
 from pycrid.runtime.exits import Exit, ExitWatcher
@@ -59,8 +60,10 @@ class CRIService:
         config: Config,
         warnings: list[str],
         nri: NRI,
+        network: PodNetworks,
     ) -> None:
         self.images = images
+        self.network = network
         self.nri = nri
         self.pods = pods
         self.containers = containers
@@ -71,9 +74,10 @@ class CRIService:
         self.exits = ExitWatcher(runtime.exit_dir, self._on_exit)
 
     async def start(self) -> None:
-        """Start-up: watch exits first (so none is missed), then recover images, pods,
-        containers."""
+        """Start-up: watch exits first (so none is missed), load the CNI config (recovery
+        may DEL), then recover images, pods, containers."""
         self.exits.start()
+        await self.network.start()
         await self.images.recover()
         await self.pods.recover()
         await self.containers.recover()
@@ -87,6 +91,7 @@ class CRIService:
     async def aclose(self) -> None:
         """Containers keep running under conmon; stop watching, shut NRI plugins down."""
         self.exits.close()
+        await self.network.aclose()
         await self.nri.stop()
 
     def _on_exit(self, exit_: Exit) -> None:
@@ -98,20 +103,25 @@ class CRIService:
         """(runtime name, runtime version, CRI API version)."""
         return RUNTIME_NAME, __version__, CRI_API_VERSION
 
-    def conditions(self) -> list[Condition]:
-        return [
-            Condition("RuntimeReady", True),
-            # Pod networking (CNI) is not part of pycrid yet; say so rather than claim it.
-            Condition("NetworkReady", False, "NetworkPluginNotReady",
-                      "pycrid has no pod network (CNI) support yet"),
-        ]
+    async def conditions(self) -> list[Condition]:
+        network = Condition("NetworkReady", True)
+        if (why := await self.network.not_ready_reason()) is not None:
+            # containerd's reason and message prefix, so node tooling reads it the same way.
+            network = Condition("NetworkReady", False, "NetworkPluginNotReady",
+                                f"Network plugin returns error: {why}")
+        return [Condition("RuntimeReady", True), network]
 
     def status_info(self) -> dict[str, str]:
-        """Status verbose info: the effective config and the start-up warnings, as JSON."""
+        """Status verbose info: the effective config, the CNI networks in use and the
+        start-up warnings, as JSON."""
         return {
             "config": json.dumps(_jsonable(self.config), sort_keys=True),
+            "cniconfig": json.dumps(self.network.describe()),
             "warnings": json.dumps(self.warnings),
         }
+
+    async def update_runtime_config(self, pod_cidr: str) -> None:
+        await self.network.update_pod_cidr(pod_cidr)
 
     def cgroup_driver(self) -> str:
         return self.runtime_config.cgroup_driver
@@ -151,8 +161,11 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
         runtime=runtime, images=images, paths=paths, locks=locks, nri=nri,
         cgroup_driver=driver)
     nri.bind(apply_resources=containers.apply_resources, evict=containers.evict)
+    network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
+                          runtime_config.default_runtime_name, os.path.join(root, "cni"))
     pods = PodManager(store=sandboxes, controller=controller, containers=containers,
                       images=images, netns_dir=os.path.join(state, "netns"), locks=locks,
-                      nri=nri)
+                      nri=nri, network=network, handlers=runtime_config.runtimes.keys())
     return CRIService(images=images, pods=pods, containers=containers, runtime=runtime,
-                      runtime_config=runtime_config, config=config, warnings=warnings, nri=nri)
+                      runtime_config=runtime_config, config=config, warnings=warnings, nri=nri,
+                      network=network)

@@ -27,7 +27,9 @@ def sandbox_pb(rec: SandboxRecord) -> Any:
 def sandbox_status_pb(rec: SandboxRecord) -> Any:
     status = pb.PodSandboxStatus(
         id=rec.id, metadata=rec.config.metadata, state=sandbox_state(rec),
-        created_at=rec.created_at, network=pb.PodSandboxNetworkStatus(),
+        created_at=rec.created_at, network=pb.PodSandboxNetworkStatus(
+            ip=rec.ips[0] if rec.ips else "",
+            additional_ips=[pb.PodIP(ip=ip) for ip in rec.ips[1:]]),
         labels=rec.config.labels, annotations=rec.config.annotations,
         runtime_handler=rec.runtime_handler)
     status.linux.namespaces.options.CopyFrom(

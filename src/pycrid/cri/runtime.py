@@ -24,7 +24,7 @@ class RuntimeServicer:
 
     async def Status(self, request: Any, context: Any) -> Any:
         conds = [pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason,
-                                     message=c.message) for c in self.core.conditions()]
+                                     message=c.message) for c in await self.core.conditions()]
         info = self.core.status_info() if request.verbose else {}
         return pb.StatusResponse(status=pb.RuntimeStatus(conditions=conds), info=info)
 
@@ -32,6 +32,11 @@ class RuntimeServicer:
         driver = (pb.CgroupDriver.SYSTEMD if self.core.cgroup_driver() == "systemd"
                   else pb.CgroupDriver.CGROUPFS)
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=driver))
+
+    async def UpdateRuntimeConfig(self, request: Any, context: Any) -> Any:
+        await self.core.update_runtime_config(
+            request.runtime_config.network_config.pod_cidr)
+        return pb.UpdateRuntimeConfigResponse()
 
     # ---- pod sandboxes -----------------------------------------------------------------
 

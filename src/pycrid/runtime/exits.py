@@ -12,24 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pycrid import inotify
+
 log = logging.getLogger(__name__)
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_IN_CLOEXEC = 0o2000000
-_IN_NONBLOCK = 0o4000
-_IN_CLOSE_WRITE = 0x8
-_IN_MOVED_TO = 0x80
-_IN_Q_OVERFLOW = 0x4000
-_EVENT = struct.Struct("iIII")
-
 
 @dataclass(frozen=True)
 class Exit:
@@ -61,54 +51,38 @@ class ExitWatcher:
     def __init__(self, exit_dir: str, on_exit: Callable[[Exit], None]) -> None:
         self.exit_dir = exit_dir
         self._on_exit = on_exit
-        self._fd = -1
+        self._ino: inotify.Inotify | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seen: set[str] = set()
         os.makedirs(exit_dir, mode=0o700, exist_ok=True)
 
     def start(self) -> None:
-        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"inotify_init1: {os.strerror(err)}")
-        if _libc.inotify_add_watch(fd, self.exit_dir.encode(),
-                                   _IN_CLOSE_WRITE | _IN_MOVED_TO) < 0:
-            err = ctypes.get_errno()
-            os.close(fd)
-            raise OSError(err, f"inotify_add_watch {self.exit_dir}: {os.strerror(err)}")
-        self._fd = fd
+        ino = inotify.Inotify()
+        try:
+            ino.add_watch(self.exit_dir, inotify.CLOSE_WRITE | inotify.MOVED_TO)
+        except OSError:
+            ino.close()
+            raise
+        self._ino = ino
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(fd, self._readable)
+        self._loop.add_reader(ino.fileno(), self._readable)
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if self._ino is not None:
             assert self._loop is not None
-            self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+            self._loop.remove_reader(self._ino.fileno())
+            self._ino.close()
+            self._ino = None
 
     def forget(self, object_id: str) -> None:
         """The object is gone: a later exit file with its id is a new exit."""
         self._seen.discard(object_id)
 
     def _readable(self) -> None:
-        try:
-            data = os.read(self._fd, 64 * 1024)
-        except BlockingIOError:
-            return
-        names: list[str] = []
-        overflow = False
-        pos = 0
-        while pos + _EVENT.size <= len(data):
-            _wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-            pos += _EVENT.size
-            raw = data[pos:pos + length].split(b"\0", 1)[0]
-            pos += length
-            if mask & _IN_Q_OVERFLOW:
-                overflow = True
-            elif raw:
-                names.append(os.fsdecode(raw))
-        if overflow:
+        assert self._ino is not None
+        events = self._ino.read_events()
+        names = [e.name for e in events if e.name and not e.mask & inotify.Q_OVERFLOW]
+        if any(e.mask & inotify.Q_OVERFLOW for e in events):
             log.warning("exit watcher queue overflowed; rescanning %s", self.exit_dir)
             names = os.listdir(self.exit_dir)
         for name in names:

@@ -38,6 +38,8 @@ class SandboxRecord:
     netns: str = ""
     image_id: str = ""
     image_name: str = ""
+    #: The pod's IPs from CNI, primary first (empty for host-network pods).
+    ips: tuple[str, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -107,8 +109,9 @@ class RecordStore(Generic[R]):
         for row in rows:
             try:
                 fields = json.loads(row["record"])
-                if "groups" in fields:
-                    fields["groups"] = tuple(fields["groups"])
+                for key in ("groups", "ips"):  # tuples in records, lists in JSON
+                    if key in fields:
+                        fields[key] = tuple(fields[key])
                 self._items[row["id"]] = kind(config=parse(row["config"]), **fields)
             except Exception as e:  # one bad row must not stop the daemon
                 self._broken.append((row["id"], f"{type(e).__name__}: {e}"))

@@ -1,0 +1,160 @@
+"""The pod network of test daemons, and the host state CNI plugins touch.
+
+Every test daemon gets its own CNI conf dir with one conflist: Debian's bridge,
+host-local and portmap plugins. Each daemon (known by its base dir, so a restarted
+daemon keeps its network) gets its own bridge ``pcrtN``, its own /24 inside
+10.199.0.0/16 and its own host-local store, so daemons running at the same time
+never share an address (the bridge plugin allows one gateway per bridge). Pod
+traffic stays on the host: no IP masquerade, and no route beyond the pod subnet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+from typing import Any
+
+BRIDGE_PREFIX = "pcrt"
+SUBNET_PREFIX = "10.199"
+CNI_SECTION = '[plugins."pycrid.cri.v1.runtime".cni]'
+BIN_DIRS = ["/usr/lib/cni", "/opt/cni/bin"]
+_subnets: dict[str, int] = {}
+_configured: set[str] = set()
+
+
+def _index(base: str) -> int:
+    return _subnets.setdefault(base, len(_subnets) % 250 + 1)
+
+
+def subnet_of(base: str) -> str:
+    return f"{SUBNET_PREFIX}.{_index(base)}.0/24"
+
+
+def bridge_of(base: str) -> str:
+    return f"{BRIDGE_PREFIX}{_index(base)}"
+
+
+def daemon_bases() -> list[str]:
+    """Base dirs of every daemon given a test network in this process."""
+    return list(_subnets)
+
+
+def ipam_dir(base: str) -> str:
+    return os.path.join(base, "cni-ipam")
+
+
+def conf_dir(base: str) -> str:
+    return os.path.join(base, "cni", "net.d")
+
+
+def test_conflist(base: str, name: str = "pycrid-test", **extra: Any) -> dict[str, Any]:
+    """The default test network as a conflist document (callers may change it)."""
+    return {
+        "cniVersion": "1.0.0", "name": name,
+        "plugins": [
+            {"type": "bridge", "bridge": bridge_of(base), "isGateway": True, "ipMasq": False,
+             "hairpinMode": True,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet_of(base)}]],
+                      "dataDir": ipam_dir(base)}},
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+        **extra,
+    }
+
+
+def write_conflist(directory: str, doc: dict[str, Any], name: str = "10-test.conflist") -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+    return path
+
+
+def with_private_cni(config_text: str, base: str) -> str:
+    """Give a test daemon its own CNI conf dir holding the test network, unless the
+    config already has a CNI section (then the test manages it)."""
+    if CNI_SECTION in config_text:
+        return config_text
+    # Once, and never over a file the test wrote: a restarted daemon finds what it left.
+    if base not in _configured:
+        _configured.add(base)
+        if not os.path.exists(os.path.join(conf_dir(base), "10-test.conflist")):
+            write_conflist(conf_dir(base), test_conflist(base))
+    return (f"{config_text.rstrip()}\n{CNI_SECTION}\nconf_dir = \"{conf_dir(base)}\"\n"
+            f"bin_dirs = {json.dumps(BIN_DIRS)}\n")
+
+
+def allocated_ips(base: str) -> list[str]:
+    """Addresses host-local still holds in ``base``'s store (its bookkeeping files aside)."""
+    out = []
+    root = ipam_dir(base)
+    for dirpath, _dirs, files in os.walk(root):
+        out += [os.path.join(dirpath, f) for f in files
+                if f != "lock" and not f.startswith("last_reserved_ip")]
+    return out
+
+
+# ---- host state, for the session's leak check ----------------------------------------------
+
+
+def veths() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True,
+                         text=True, check=False).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line}
+
+
+def nat_rules() -> list[str]:
+    out = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True,
+                         check=False).stdout
+    return [line for line in out.splitlines() if line.startswith(("-A", ":"))]
+
+
+def pod_nat_rules() -> list[str]:
+    """Rules a pod's port mappings put in (their per-pod CNI-DN chains and jumps)."""
+    return [r for r in nat_rules() if "CNI-DN-" in r or SUBNET_PREFIX + "." in r]
+
+
+_SCAFFOLD = [
+    ("PREROUTING", ["-m", "addrtype", "--dst-type", "LOCAL", "-j", "CNI-HOSTPORT-DNAT"]),
+    ("OUTPUT", ["-m", "addrtype", "--dst-type", "LOCAL", "-j", "CNI-HOSTPORT-DNAT"]),
+    ("POSTROUTING", ["-m", "comment", "--comment", "CNI portfwd requiring masquerade", "-j",
+                     "CNI-HOSTPORT-MASQ"]),
+]
+
+
+def remove_portmap_scaffolding() -> None:
+    """Drop the shared chains the portmap plugin creates on first use (it never removes
+    them), so the session leaves the nat table as it found it."""
+    for chain, rule in _SCAFFOLD:
+        subprocess.run(["iptables", "-t", "nat", "-D", chain, *rule], capture_output=True,
+                       check=False)
+    for chain in ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SETMARK", "CNI-HOSTPORT-MASQ"):
+        subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True, check=False)
+        subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True, check=False)
+
+
+def remove_bridges() -> None:
+    for base in daemon_bases():
+        subprocess.run(["ip", "link", "del", bridge_of(base)], capture_output=True, check=False)
+
+
+def ip_forward() -> str:
+    with open("/proc/sys/net/ipv4/ip_forward") as f:
+        return f.read().strip()
+
+
+def set_ip_forward(value: str) -> None:
+    with contextlib.suppress(OSError), open("/proc/sys/net/ipv4/ip_forward", "w") as f:
+        f.write(value)
+
+
+def interfaces_in(ns_pid: int) -> list[str]:
+    """Interface names seen from the network namespace of process ``ns_pid``."""
+    out = subprocess.run(["nsenter", "-t", str(ns_pid), "-n", "ip", "-o", "link"],
+                         capture_output=True, text=True, check=True).stdout
+    return [re.split(r"[:@]", line.split(": ", 1)[1])[0] for line in out.splitlines()]
