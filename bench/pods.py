@@ -8,8 +8,10 @@ Starts the same local registry and ``pycrid serve`` subprocess the e2e tests use
 (``tests.support``), then for each run times, in one loop so both see the same machine
 state: RunPodSandbox, CreateContainer, StartContainer, StopContainer (timeout 0, a
 ``sleep 3600`` container) and RemoveContainer over CRI, and ``runc create`` +
-``runc start`` of an equivalent busybox bundle. Everything is cleaned up on exit,
-including on Ctrl-C.
+``runc start`` of an equivalent busybox bundle. RunPodSandbox is timed twice per run:
+a pod on the CNI test network (bridge + host-local + portmap, tests/support/network.py)
+and a hostNetwork pod (no netns, no CNI), for the cost of pod networking. Everything
+is cleaned up on exit, including on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages, busybox_rootfs_tar, load_standard_set
+from tests.support.network import ip_forward, remove_bridges, set_ip_forward
 from tests.support.pods import Pods, container_config, daemon_config, pod_config
 from tests.support.registry import LocalRegistry
 
@@ -44,8 +47,8 @@ from pycrid.oci.defaults import DEFAULT_PATH, default_spec
 
 RUNC = shutil.which("runc") or "/usr/sbin/runc"
 CGROUP_PARENT = "pycrid-bench"
-CRI_OPS = ("RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer",
-           "RemoveContainer")
+CRI_OPS = ("RunPodSandbox", "RunPodSandbox hostNetwork", "CreateContainer", "StartContainer",
+           "StopContainer", "RemoveContainer")
 RUNC_OPS = ("runc create", "runc start", "runc create+start")
 
 
@@ -70,6 +73,7 @@ def cri_env(base: Path) -> Iterator[Env]:
     """Registry loaded with the standard set, a running daemon that has pulled busybox
     and the pause image; on exit every pod is removed, the daemon and registry stopped."""
     reg = LocalRegistry(base / "registry")
+    forward = ip_forward()  # the bridge plugin turns forwarding on; put it back after
     try:
         reg.start()
         images = load_standard_set(reg)
@@ -85,6 +89,8 @@ def cri_env(base: Path) -> Iterator[Env]:
                 remove_all_pods(pods)
     finally:
         reg.stop()
+        remove_bridges()
+        set_ip_forward(forward)
 
 
 def remove_all_pods(pods: Pods, settle: float = 1.0, limit: float = 30.0) -> None:
@@ -237,6 +243,14 @@ def one_round(env: Env, runc: Runc, samples: dict[str, list[float]] | None) -> N
     ms, _ = timed(lambda: pods.remove_pod(sid))
     record("RemovePodSandbox", ms)
 
+    host_pod = pod_config("bench-host-" + secrets.token_hex(4), linux=pb.LinuxPodSandboxConfig(
+        security_context=pb.LinuxSandboxSecurityContext(
+            namespace_options=pb.NamespaceOption(network=pb.NODE))))
+    ms, sid = timed(lambda: pods.run(host_pod))
+    record("RunPodSandbox hostNetwork", ms)
+    pods.stop_pod(sid)
+    pods.remove_pod(sid)
+
     rid = "bench-" + secrets.token_hex(6)
     runc.config_for(rid)  # untimed, like writing a bundle is outside runc's clock
     ms_create, _ = timed(lambda: runc.create(rid))
@@ -272,6 +286,7 @@ def ratios(summary: dict[str, dict[str, float]]) -> list[tuple[str, str, float]]
         ("CreateContainer", "runc create"),
         ("StartContainer", "runc start"),
         ("RunPodSandbox", "runc create+start"),
+        ("RunPodSandbox", "RunPodSandbox hostNetwork"),
     ]
     return [(a, b, med(a) / med(b)) for a, b in pairs
             if a in summary and b in summary and med(b) > 0]

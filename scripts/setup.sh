@@ -17,11 +17,11 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-# System packages from Debian. The daemon needs runc, conmon and the CNI plugins
-# (pods come with the next releases; they are installed now so the daemon's host is
-# complete); the tests also need a local registry and busybox to build images from.
+# System packages from Debian. The daemon needs runc, conmon, the CNI plugins and
+# iptables (portmap's host ports); the tests also need a local registry and busybox to
+# build images from.
 pkgs=(python3 python3-venv python3-dev gcc libc6-dev ca-certificates util-linux mount
-      runc conmon containernetworking-plugins iproute2)
+      runc conmon containernetworking-plugins iproute2 iptables)
 if [ "$mode" = test ]; then
   pkgs+=(docker-registry busybox-static)
 fi
@@ -60,6 +60,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 if [ "$mode" = serve ]; then
+  # A pod network when the node has none: bridge + host-local + portmap on 10.88.0.0/16,
+  # with no IP masquerade and no default route in pods, so pod traffic stays on this
+  # host until the operator changes the file. (The tests bring their own networks.)
+  conf_dir=/etc/cni/net.d
+  if ! ls "$conf_dir"/*.conf "$conf_dir"/*.conflist "$conf_dir"/*.json >/dev/null 2>&1; then
+    install -d -m 0755 "$conf_dir"
+    install -m 0644 contrib/cni/10-pycrid-net.conflist "$conf_dir/"
+    echo "installed the default pod network: $conf_dir/10-pycrid-net.conflist"
+  fi
   exec .venv/bin/pycrid serve "$@"
 fi
 exec scripts/test.sh "$@"

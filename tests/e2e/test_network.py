@@ -10,6 +10,7 @@ import ipaddress
 import json
 import os
 import socket
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,7 +56,8 @@ def pods(daemon: Daemon) -> Iterator[Pods]:
 
 
 def _httpd(daemon: Daemon, port: int, page: str) -> Any:
-    script = f"mkdir -p /www && echo {page} > /www/index.html && exec busybox httpd -f -p {port} -h /www"
+    script = (f"mkdir -p /www && echo {page} > /www/index.html && "
+              f"exec busybox httpd -f -p {port} -h /www")
     return container_config(daemon.extra["busybox"], "web", command=["sh", "-c", script])
 
 
@@ -294,3 +296,69 @@ def test_update_runtime_config_writes_conf_from_template(own: tuple[str, str],
                     network_config=pb.NetworkConfig(pod_cidr="10.1.2.3/99"))), timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert leftovers(d.root, d.state) == []
+
+
+RECORDER = '''#!{python}
+"""A pass-through CNI plugin that logs what it was called with."""
+import json, os, sys
+conf = json.load(sys.stdin)
+env = {{k: v for k, v in os.environ.items() if k.startswith("CNI_")}}
+if env["CNI_COMMAND"] == "VERSION":
+    print(json.dumps({{"cniVersion": "1.0.0", "supportedVersions": ["1.0.0"]}}))
+    sys.exit(0)
+with open(conf["log"], "a") as f:
+    f.write(json.dumps({{"env": env, "conf": conf}}) + "\\n")
+if env["CNI_COMMAND"] == "ADD":
+    print(json.dumps(conf["prevResult"]))
+'''
+
+
+def test_pod_identity_and_capabilities_reach_plugins(own: tuple[str, str],
+                                                     tmp_path: Path) -> None:
+    """CNI_ARGS and the runtimeConfig a plugin declares come from the CRI request."""
+    base, config = own
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
+    bin_dir.mkdir()
+    (bin_dir / "recorder").write_text(RECORDER.format(python=sys.executable))
+    (bin_dir / "recorder").chmod(0o755)
+    doc = network.test_conflist(base)
+    doc["plugins"].append({"type": "recorder", "log": str(log),
+                           "capabilities": {"portMappings": True, "dns": True,
+                                            "bandwidth": True}})
+    conf_dir = tmp_path / "net.d"
+    network.write_conflist(str(conf_dir), doc)
+    config += (f'{network.CNI_SECTION}\nconf_dir = "{conf_dir}"\n'
+               f'bin_dirs = {json.dumps([str(bin_dir), *network.BIN_DIRS])}\n')
+    port = _free_port()
+    pod = pod_config(
+        "ident", "team-a",
+        port_mappings=[pb.PortMapping(protocol=pb.UDP, container_port=53, host_port=port,
+                                      host_ip="127.0.0.1"),
+                       pb.PortMapping(protocol=pb.TCP, container_port=80)],  # no host port
+        dns_config=pb.DNSConfig(servers=["10.0.0.10"], searches=["svc.local"]),
+        annotations={"kubernetes.io/egress-bandwidth": "10M"})
+    with running_daemon(base, config) as d:
+        p = Pods(d.client)
+        try:
+            sid = p.run(pod)
+            ip = _ips(p, sid)[0]
+        finally:
+            p.cleanup()
+        assert leftovers(d.root, d.state) == []
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    add = next(c for c in calls if c["env"]["CNI_COMMAND"] == "ADD")
+    assert dict(kv.split("=", 1) for kv in add["env"]["CNI_ARGS"].split(";")) == {
+        "K8S_POD_NAMESPACE": "team-a", "K8S_POD_NAME": "ident",
+        "K8S_POD_INFRA_CONTAINER_ID": sid, "K8S_POD_UID": "uid-ident", "IgnoreUnknown": "1"}
+    assert add["env"]["CNI_IFNAME"] == "eth0" and add["env"]["CNI_CONTAINERID"] == sid
+    assert add["conf"]["name"] == "pycrid-test" and add["conf"]["cniVersion"] == "1.0.0"
+    assert add["conf"]["prevResult"]["ips"][0]["address"] == f"{ip}/24"
+    # Only what the plugin declared, in containerd's shapes.
+    assert add["conf"]["runtimeConfig"] == {
+        "portMappings": [{"hostPort": port, "containerPort": 53, "protocol": "udp",
+                          "hostIP": "127.0.0.1"}],
+        "dns": {"servers": ["10.0.0.10"], "searches": ["svc.local"], "options": []},
+        "bandwidth": {"egressRate": 10_000_000, "egressBurst": 2**32 - 1}}
+    # DEL came once, with the cached result as prevResult, after the pod was stopped.
+    dels = [c for c in calls if c["env"]["CNI_COMMAND"] == "DEL"]
+    assert len(dels) == 1 and dels[0]["conf"]["prevResult"]["ips"][0]["address"] == f"{ip}/24"

@@ -26,7 +26,19 @@ _configured: set[str] = set()
 
 
 def _index(base: str) -> int:
-    return _subnets.setdefault(base, len(_subnets) % 250 + 1)
+    """The daemon's network number: claimed by creating bridge ``pcrtN`` (atomic, so two
+    processes, e.g. a benchmark run by a test, never pick the same one)."""
+    if base in _subnets:
+        return _subnets[base]
+    for n in range(1, 251):
+        if n in _subnets.values():
+            continue
+        r = subprocess.run(["ip", "link", "add", f"{BRIDGE_PREFIX}{n}", "type", "bridge"],
+                           capture_output=True, check=False)
+        if r.returncode == 0:
+            _subnets[base] = n
+            return n
+    raise RuntimeError("no free test bridge pcrt1..pcrt250")
 
 
 def subnet_of(base: str) -> str:
@@ -139,6 +151,7 @@ def remove_portmap_scaffolding() -> None:
 
 
 def remove_bridges() -> None:
+    """Delete the bridges of every daemon of this process (tests, benchmarks)."""
     for base in daemon_bases():
         subprocess.run(["ip", "link", "del", bridge_of(base)], capture_output=True, check=False)
 
