@@ -100,9 +100,20 @@ class ResultCache:
         return sorted(found, key=lambda e: e.ifname)
 
     def purge(self, container_id: str) -> None:
-        """Remove whatever is left for ``container_id`` (after its DELs succeeded)."""
+        """Remove whatever is left for ``container_id`` (after its DELs succeeded): its
+        entries, and unreadable files named for it. Another pod's readable entry whose
+        network name merely contains the id is kept."""
+        marker = f"-{container_id}-"
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(self.dir):
-                if f"-{container_id}-" in name:
+                if marker not in name:
+                    continue
+                path = os.path.join(self.dir, name)
+                try:
+                    with open(path) as f:
+                        owner = json.load(f).get("containerId")
+                except (OSError, ValueError, AttributeError):
+                    owner = container_id
+                if owner == container_id:
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(self.dir, name))
+                        os.unlink(path)

@@ -65,12 +65,11 @@ def plugin_config(net: NetworkConfList, plugin: Mapping[str, Any], prev: Any,
     conf = dict(plugin)
     conf["name"] = net.name
     conf["cniVersion"] = net.cni_version
-    conf.pop("runtimeConfig", None)
     if prev is not None:
         conf["prevResult"] = prev
     wanted = {k: capabilities[k] for k, on in (plugin.get("capabilities") or {}).items()
               if on and k in capabilities}
-    if wanted:
+    if wanted:  # replaces a runtimeConfig of the file, as libcni does; else it stays
         conf["runtimeConfig"] = wanted
     return json.dumps(conf).encode()
 

@@ -122,7 +122,9 @@ def parse(raw: bytes, source: str = "") -> NetworkConfList:
         chain = tuple(_plugin(p, f"plugin {i}") for i, p in enumerate(plugins))
     else:
         chain = (_plugin(doc, "the network"),)
-        raw = json.dumps({"cniVersion": version, "name": name, "plugins": [doc]}).encode()
+        wrapped = {"cniVersion": version, "name": name, "plugins": [doc]}
+        wrapped.update({k: doc[k] for k in ("disableCheck", "disableGC") if k in doc})
+        raw = json.dumps(wrapped).encode()
     caps = frozenset(k for p in chain for k, on in p.get("capabilities", {}).items() if on)
     return NetworkConfList(name=name, cni_version=version, plugins=chain, source=source,
                            raw=raw, disable_check=_bool(doc, "disableCheck"),

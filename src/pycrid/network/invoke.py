@@ -86,7 +86,7 @@ async def run_plugin(kind: str, bin_dirs: Sequence[str], call: Invocation,
         out, err = await asyncio.wait_for(proc.communicate(config), limit)
     except TimeoutError:
         raise PluginError(f"plugin type={kind!r} ({call.command.lower()}) did not answer "
-                          f"within {limit:.0f}s") from None
+                          f"within {limit:g}s") from None
     finally:
         if proc.returncode is None:  # timed out or cancelled: the plugin goes too
             with contextlib.suppress(ProcessLookupError):

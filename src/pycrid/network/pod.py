@@ -43,10 +43,13 @@ def quantity(text: str) -> int:
     if m is None:
         raise ValueError(f"{text!r} is not a quantity (like 10M or 1Gi)")
     try:
-        value = Decimal(m[1]) * _SUFFIX[m[2]]
+        number = Decimal(m[1])
     except InvalidOperation:
         raise ValueError(f"{text!r} is not a quantity (like 10M or 1Gi)") from None
-    return math.ceil(value)
+    if not number.is_finite() or abs(number.adjusted()) > 30:
+        # Checked before any arithmetic: "1e999999" must not become a million-digit int.
+        raise ValueError(f"{text!r} is out of range")
+    return math.ceil(number * _SUFFIX[m[2]])
 
 
 def _rate(annotations: Any, key: str) -> int | None:
