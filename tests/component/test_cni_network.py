@@ -263,7 +263,7 @@ async def test_check_with_prev_result(env: Env) -> None:
     env.write_conf({"type": "rec-a"}, {"type": "rec-b"}, version="0.4.0")
     net = await env.network()
     await net.setup(ATT)
-    await net.check(ATT)
+    await net.check(ATT.container_id, ATT.netns)
     checks = [c for c in env.calls() if c["command"] == "CHECK"]
     assert [c["stdin"]["type"] for c in checks] == ["rec-a", "rec-b"]
     assert all(c["stdin"]["prevResult"] == RESULT for c in checks)
@@ -275,7 +275,7 @@ async def test_check_skipped(env: Env, version: str, extra: dict[str, Any]) -> N
     env.write_conf({"type": "rec-a"}, version=version, **extra)
     net = await env.network()
     await net.setup(ATT)
-    await net.check(ATT)
+    await net.check(ATT.container_id, ATT.netns)
     assert env.summary() == [("ADD", "rec-a")]
 
 

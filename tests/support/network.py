@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
 from typing import Any
 
@@ -164,10 +163,3 @@ def ip_forward() -> str:
 def set_ip_forward(value: str) -> None:
     with contextlib.suppress(OSError), open("/proc/sys/net/ipv4/ip_forward", "w") as f:
         f.write(value)
-
-
-def interfaces_in(ns_pid: int) -> list[str]:
-    """Interface names seen from the network namespace of process ``ns_pid``."""
-    out = subprocess.run(["nsenter", "-t", str(ns_pid), "-n", "ip", "-o", "link"],
-                         capture_output=True, text=True, check=True).stdout
-    return [re.split(r"[:@]", line.split(": ", 1)[1])[0] for line in out.splitlines()]

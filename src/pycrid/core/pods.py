@@ -121,9 +121,9 @@ class PodManager:
                 await asyncio.to_thread(create_netns, netns)
                 undo.callback(remove_netns, netns)
                 failpoint("sandbox.netns")
-                # Pushed before the ADD: a failed ADD may have allocated (containerd too).
-                undo.push_async_callback(self._detach, sid)
+                # A failed or cancelled ADD DELs itself; from here on the pod owns it.
                 ips = await self.network.attach(sid, netns, config, handler)
+                undo.push_async_callback(self._detach, sid)
                 self.store.update(sid, ips=tuple(ips))
                 failpoint("sandbox.network")
             undo.push_async_callback(self.controller.shutdown, sid)
@@ -256,8 +256,7 @@ class PodManager:
     async def _check_network(self, rec: SandboxRecord, bound: asyncio.Semaphore) -> None:
         """CNI CHECK of a pod that survived the restart: a broken network is not ready."""
         async with bound:
-            problem = await self.network.check(rec.id, rec.netns, rec.config,
-                                               rec.runtime_handler)
+            problem = await self.network.check(rec.id, rec.netns, rec.runtime_handler)
         if problem is not None and self.store.get(rec.id) is not None:
             log.warning("pod sandbox %s: network CHECK failed, marking it not ready: %s",
                         rec.id, problem)

@@ -144,30 +144,36 @@ class CNINetwork:
     # ---- attachments ---------------------------------------------------------------------
 
     async def setup(self, att: Attachment) -> list[str]:
-        """ADD the pod to every network; the pod's IPs (primary first). On failure every
-        network is DELeted again before the error is raised."""
+        """ADD the pod to every network; the pod's IPs (primary first). On failure, or if
+        the call is cancelled, every network is DELeted again before this returns."""
         if self.error is not None:
             raise NotReady(self.error)
         networks = list(self.networks)
-        outcome = await asyncio.gather(
-            *(self._add(net, ifname(i), att) for i, net in enumerate(networks)),
-            return_exceptions=True)
+        try:
+            outcome = await asyncio.gather(
+                *(self._add(net, ifname(i), att) for i, net in enumerate(networks)),
+                return_exceptions=True)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._undo(networks, att, []))
+            raise
         failure = next((r for r in outcome if isinstance(r, BaseException)), None)
+        results = [r for r in outcome if isinstance(r, dict)]
         if failure is None:
-            ips = interface_ips(outcome[0], DEFAULT_IFNAME) if outcome else []  # type: ignore
-            if not ips:
-                failure = PluginError(f"network {networks[0].name!r} gave "
-                                      f"{DEFAULT_IFNAME} no IP address")
-            else:
+            ips = interface_ips(results[0], DEFAULT_IFNAME) if results else []
+            if ips:
                 return select_pod_ips(ips, self.ip_pref)
-        await self._undo(networks, att)
+            failure = PluginError(f"network {networks[0].name!r} gave "
+                                  f"{DEFAULT_IFNAME} no IP address")
+        await self._undo(networks, att, outcome)
         raise failure
 
-    async def _undo(self, networks: Sequence[NetworkConfList], att: Attachment) -> None:
+    async def _undo(self, networks: Sequence[NetworkConfList], att: Attachment,
+                    outcome: Sequence[object]) -> None:
+        """DEL every network of a failed ADD, each with its result if it got one."""
         for i, net in reversed(list(enumerate(networks))):
+            got = outcome[i] if i < len(outcome) else None
             try:
-                cached = [c for c in self.cache.of(att.container_id) if c.ifname == ifname(i)]
-                await self._del(net, ifname(i), att, cached[0].result if cached else None)
+                await self._del(net, ifname(i), att, got if isinstance(got, dict) else None)
             except PluginError as e:
                 log.error("pod %s: DEL after a failed ADD failed too: %s", att.container_id, e)
         self.cache.purge(att.container_id)
@@ -230,14 +236,14 @@ class CNINetwork:
                         "nothing to DEL", att.container_id, self.error)
         self.cache.purge(att.container_id)
 
-    async def check(self, att: Attachment) -> None:
+    async def check(self, container_id: str, netns: str) -> None:
         """CHECK every cached attachment whose network is at spec 0.4.0 or later and does
-        not disable it; raises PluginError with the plugin's message."""
-        for entry in self.cache.of(att.container_id):
+        not disable it, with what ADD used; raises PluginError with the plugin's message."""
+        for entry in self.cache.of(container_id):
             net = parse(entry.config, ".conflist")
             if not at_least(net.cni_version, "0.4.0") or net.disable_check:
                 continue
-            call = Invocation("CHECK", att.container_id, att.netns, entry.ifname, entry.args)
+            call = Invocation("CHECK", container_id, netns, entry.ifname, entry.args)
             for plugin in net.plugins:
                 await run_plugin(str(plugin["type"]), self.bin_dirs, call,
                                  plugin_config(net, plugin, entry.result, entry.capabilities))

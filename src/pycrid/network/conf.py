@@ -50,7 +50,6 @@ class NetworkConfList:
     #: cached with each attachment so that DEL uses what ADD used.
     raw: bytes = b""
     disable_check: bool = False
-    disable_gc: bool = False
     #: Capabilities any plugin of the chain declares (for status output).
     capabilities: frozenset[str] = field(default=frozenset())
 
@@ -125,10 +124,11 @@ def parse(raw: bytes, source: str = "") -> NetworkConfList:
         wrapped = {"cniVersion": version, "name": name, "plugins": [doc]}
         wrapped.update({k: doc[k] for k in ("disableCheck", "disableGC") if k in doc})
         raw = json.dumps(wrapped).encode()
+    _bool(doc, "disableGC")  # checked like libcni; pycrid runs no CNI GC to disable
     caps = frozenset(k for p in chain for k, on in p.get("capabilities", {}).items() if on)
     return NetworkConfList(name=name, cni_version=version, plugins=chain, source=source,
                            raw=raw, disable_check=_bool(doc, "disableCheck"),
-                           disable_gc=_bool(doc, "disableGC"), capabilities=caps)
+                           capabilities=caps)
 
 
 def conf_files(conf_dir: str) -> list[str]:

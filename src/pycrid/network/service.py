@@ -66,12 +66,14 @@ class PodNetworks:
     # ---- lifetime ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load every directory, then watch each (containerd creates a missing one)."""
+        """Watch, then load, every directory (a change between the two is not missed);
+        a missing directory is created, as containerd does."""
         for net in self._by_dir.values():
             with contextlib.suppress(OSError):
                 os.makedirs(net.conf_dir, mode=0o755, exist_ok=True)
+            ino = _try_watch(net.conf_dir)
             await net.load()
-            self._tasks.append(asyncio.create_task(self._watch(net),
+            self._tasks.append(asyncio.create_task(self._watch(net, ino),
                                                    name=f"cni-watch {net.conf_dir}"))
 
     async def aclose(self) -> None:
@@ -82,23 +84,18 @@ class PodNetworks:
                 await t
         self._tasks.clear()
 
-    async def _watch(self, net: CNINetwork) -> None:
+    async def _watch(self, net: CNINetwork, ino: inotify.Inotify | None) -> None:
+        """Reload on every change; while the directory is gone, look for it every second."""
         while True:
-            ino = inotify.Inotify()
-            try:
-                try:
-                    ino.add_watch(net.conf_dir, _WATCH_MASK)
-                except OSError as e:
-                    # Removed (or never creatable): not ready until it is back.
-                    if net.networks:
-                        await net.load()
-                    log.debug("cannot watch %s (%s); retrying", net.conf_dir, e.strerror)
-                    await asyncio.sleep(1)
+            if ino is None:
+                await asyncio.sleep(1)
+                if (ino := _try_watch(net.conf_dir)) is None:
                     continue
-                await net.load()  # anything that changed before the watch was set
+                await net.load()  # the directory is back
+            try:
                 while True:
                     events = await ino.wait()
-                    await asyncio.sleep(_SETTLE)
+                    await asyncio.sleep(_SETTLE)  # a burst of writes is one reload
                     events += ino.read_events()
                     await net.load()
                     if any(e.mask & (inotify.DELETE_SELF | inotify.MOVE_SELF | inotify.IGNORED)
@@ -107,6 +104,7 @@ class PodNetworks:
                         break
             finally:
                 ino.close()
+                ino = None
 
     # ---- status --------------------------------------------------------------------------
 
@@ -144,12 +142,10 @@ class PodNetworks:
         except PluginError as e:
             raise Unknown(f"failed to tear down the pod network: {e}") from None
 
-    async def check(self, sandbox_id: str, netns: str, config: pb.PodSandboxConfig,
-                    handler: str) -> str | None:
+    async def check(self, sandbox_id: str, netns: str, handler: str) -> str | None:
         """CNI CHECK of a pod's attachments: None if fine, else the plugin's message."""
-        att = attachment(sandbox_id, netns, _without_bandwidth(config), self.pod_cidrs)
         try:
-            await self.for_handler(handler).check(att)
+            await self.for_handler(handler).check(sandbox_id, netns)
         except PluginError as e:
             return str(e)
         return None
@@ -178,6 +174,17 @@ class PodNetworks:
         routes = [r for v, r in ((4, "0.0.0.0/0"), (6, "::/0")) if v in families]
         write_from_template(template, self.default.conf_dir, cidrs, routes)
         await self.default.load()
+
+
+def _try_watch(conf_dir: str) -> inotify.Inotify | None:
+    ino = inotify.Inotify()
+    try:
+        ino.add_watch(conf_dir, _WATCH_MASK)
+    except OSError as e:
+        ino.close()
+        log.debug("cannot watch %s (%s); retrying", conf_dir, e.strerror)
+        return None
+    return ino
 
 
 def write_from_template(template: str, conf_dir: str, cidrs: Sequence[str],
