@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+from typing import Any
 
 import grpc
 
@@ -107,6 +108,7 @@ async def serve(loaded: LoadedConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     plugins = None
     server: grpc.aio.Server | None = None
+    services: dict[str, Any] = {}
     try:
         plugins = await init_all(
             registry(), configs=loaded.plugins, disabled=cfg.disabled_plugins,
@@ -147,6 +149,8 @@ async def serve(loaded: LoadedConfig) -> None:
         log.info("stopping")
     finally:
         if server is not None:
+            for svc in services.values():
+                svc.end_streams()  # open event streams would hold up the grace period
             await server.stop(grace=5)
         if plugins is not None:
             await plugins.close()

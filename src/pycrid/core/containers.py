@@ -3,7 +3,8 @@
 Each operation is one function that records its intent, does its steps with
 their undo pushed on an ``AsyncExitStack`` right after each succeeds, and
 records the result (containerd's container_create.go pattern). Exits come
-from the exit watcher through ``on_exit``.
+from the exit monitor through ``handle_exit``; every state change is also a
+CRI container event (core/events.py).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import secrets
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.core import events
+from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI
 from pycrid.core.nri_objects import oci_resource_update, resources_from_cri
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
@@ -53,6 +56,8 @@ EXEC_OUTPUT_CAP = 16 * 1024 * 1024
 CGROUP_V2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 #: How long to wait for an exit after SIGKILL before calling the container lost.
 KILL_WAIT = 30.0
+#: How many containers start-up recovery works on at once.
+RECOVERY_CONCURRENCY = 16
 
 
 def now_ns() -> int:
@@ -106,8 +111,10 @@ class ContainerManager:
     def __init__(self, *, store: RecordStore[ContainerRecord],
                  sandboxes: RecordStore[SandboxRecord], controller: SandboxController,
                  runtime: ContainerRuntime, images: ImageService, paths: ContainerPaths,
-                 locks: KeyedLocks, nri: NRI, cgroup_driver: CgroupDriver = "auto") -> None:
+                 locks: KeyedLocks, nri: NRI, events: ContainerEvents,
+                 cgroup_driver: CgroupDriver = "auto") -> None:
         self.store = store
+        self.events = events
         self.sandboxes = sandboxes
         self.controller = controller
         self.runtime = runtime
@@ -201,7 +208,7 @@ class ContainerManager:
                 log_path=log_path, stop_signal=stop_signal))
             undo.callback(self.store.delete, cid)
             failpoint("container.record")
-            undo.push_async_callback(self._cleanup, cid)
+            undo.push_async_callback(self.cleanup, cid)
             spec = await asyncio.to_thread(
                 self._prepare_bundle, cid, config, pod_config, sandbox, image_config,
                 image.chain[-1] if image.chain else None, config.image.image)
@@ -219,6 +226,7 @@ class ContainerManager:
             rec = self.store.update(cid, phase="created", pid=pid, uid=user["uid"],
                                     gid=user["gid"], groups=tuple(user.get("additionalGids") or ()))
             undo.pop_all()
+        self.events.emit(events.CREATED, cid, sandbox.id)
         await self.nri.post_create(rec)
         return cid
 
@@ -248,7 +256,7 @@ class ContainerManager:
                 os.makedirs(m.host_path, mode=0o755, exist_ok=True)  # as containerd does
         return spec
 
-    async def _cleanup(self, cid: str) -> None:
+    async def cleanup(self, cid: str) -> None:
         """Every trace of a container but its record and log (idempotent)."""
         await self.runtime.delete(cid)
         await asyncio.to_thread(remove_bundle, self.images.snapshotter, cid,
@@ -280,11 +288,13 @@ class ContainerManager:
             await self.runtime.start(rec.id)
         except Exception as e:
             # containerd records a start failure as an exit with StartError, code 128.
-            self.store.update(rec.id, finished_at=now_ns(), exit_code=128,
-                              reason="StartError", message=str(e))
+            self._finish(rec.id, now_ns(), 128, "StartError", str(e))
             await self.runtime.delete(rec.id)
             raise
+        # Killed here, recovery finds runc's container running and finishes the start.
+        failpoint("container.started")
         rec = self.store.update(rec.id, started_at=started)
+        self.events.emit(events.STARTED, rec.id, rec.sandbox_id)
         await self.nri.post_start(rec)
 
     def _current(self, cid: str) -> ContainerRecord:
@@ -318,21 +328,21 @@ class ContainerManager:
             if cid not in self._stop_signalled:
                 self._stop_signalled.add(cid)
                 await self.runtime.kill(cid, signal.Signals[rec.stop_signal].value)
+                failpoint("container.signalled")
             exit_ = await self.waiters.wait(cid, grace)
             if exit_ is not None:
-                self.on_exit(exit_)
+                self.record_exit(exit_)
                 return
         await self.runtime.kill(cid, signal.SIGKILL)
+        failpoint("container.killed")
         exit_ = await self.waiters.wait(cid, KILL_WAIT)
         if exit_ is None:
             state = await self.runtime.state(cid)
             if state is not None and state.get("status") not in ("stopped",):
                 raise DeadlineExceeded(f"container {cid} did not exit {KILL_WAIT:.0f}s "
                                        "after SIGKILL")
-            exit_ = Exit(cid, 255, now_ns())
-            self._record_exit(exit_, reason="Unknown")
-        else:
-            self.on_exit(exit_)
+            exit_ = Exit(cid, 255, now_ns(), reason="Unknown")
+        self.record_exit(exit_)
 
     async def remove(self, prefix: str) -> None:
         try:
@@ -350,32 +360,51 @@ class ContainerManager:
             await self.stop_locked(cid, 0)
         self.store.update(cid, phase=REMOVING)
         failpoint("container.remove")
-        await self._cleanup(cid)
+        await self.cleanup(cid)
+        failpoint("container.cleaned")
         self.store.delete(cid)
         self.names.release(rec.name)
         self._stop_signalled.discard(cid)
         self._evicted.pop(cid, None)
         self.locks.drop(cid)
+        self.events.emit(events.DELETED, cid, rec.sandbox_id)
         await self.nri.remove_container(cid)
 
     # ---- exits ---------------------------------------------------------------------------
 
-    def on_exit(self, exit_: Exit) -> None:
-        oom = exit_.code == 137 and self.runtime.oom_killed(self.paths.bundle(exit_.id))
-        self._record_exit(exit_, reason="OOMKilled" if oom else "")
+    def notify_exit(self, exit_: Exit) -> None:
+        """From the exit watcher, at once: wake whoever waits for this exit."""
         self.waiters.notify(exit_)
 
-    def _record_exit(self, exit_: Exit, reason: str = "") -> None:
+    async def handle_exit(self, exit_: Exit) -> None:
+        """From the exit monitor (retried if it raises): record the exit, then NRI's
+        StopContainer (once per container, whoever stops it first)."""
+        if self.store.get(exit_.id) is None:
+            return  # removed meanwhile
+        self.record_exit(exit_)
+        await self.nri.container_exited(exit_.id)
+
+    def record_exit(self, exit_: Exit) -> None:
+        """The exit in the record, once: reason OOMKilled when conmon saw the cgroup's OOM
+        event (memory.oom_control on v1, memory.events on v2), Evicted for an NRI
+        eviction, else Completed or Error."""
         rec = self.store.get(exit_.id)
         if rec is None or rec.finished_at:
             return
-        message = ""
+        reason, message = exit_.reason, ""
         if rec.id in self._evicted:
             reason, message = "Evicted", self._evicted[rec.id]
+        elif not reason and exit_.code == 137 and self.runtime.oom_killed(
+                self.paths.bundle(exit_.id)):
+            reason = "OOMKilled"
         if not reason:
             reason = "Completed" if exit_.code == 0 else "Error"
-        self.store.update(rec.id, finished_at=exit_.at_ns, exit_code=exit_.code,
-                          reason=reason, message=message, pid=0)
+        self._finish(rec.id, exit_.at_ns, exit_.code, reason, message)
+
+    def _finish(self, cid: str, at_ns: int, code: int, reason: str, message: str) -> None:
+        rec = self.store.update(cid, finished_at=at_ns, exit_code=code, reason=reason,
+                                message=message, pid=0)
+        self.events.emit(events.STOPPED, cid, rec.sandbox_id)
 
     # ---- resources and evictions ----------------------------------------------------------
 
@@ -469,30 +498,47 @@ class ContainerManager:
 
     # ---- restart -------------------------------------------------------------------------
 
-    async def recover(self) -> None:
-        """Reload records: finish or undo half-done work, then reconcile states with runc."""
-        for rec in self.store.all():
-            try:
-                await self._recover_one(rec)
-            except Exception:
-                log.exception("container %s: recovery failed; marking it unknown", rec.id)
-                if self.store.get(rec.id) is not None:
-                    self.store.update(rec.id, unknown=True)
+    async def recover(self, states: dict[str, dict[str, Any]],
+                      submit: Callable[[Exit], None]) -> None:
+        """Reload records (RECOVERY_CONCURRENCY at a time): finish or undo half-done work,
+        then reconcile each with runc's view (``states``, from one ``runc list``) and
+        conmon's exit file. Exits that happened while the daemon was down go to ``submit``
+        (the exit monitor), to be handled as if they had just happened. A record whose
+        recovery fails is marked unknown; the others go on."""
+        bound = asyncio.Semaphore(RECOVERY_CONCURRENCY)
 
-    async def _recover_one(self, rec: ContainerRecord) -> None:
+        async def one(rec: ContainerRecord) -> None:
+            async with bound:
+                try:
+                    await self._recover_one(rec, states.get(rec.id), submit)
+                except Exception:
+                    log.exception("container %s: recovery failed; marking it unknown", rec.id)
+                    if self.store.get(rec.id) is not None:
+                        self.store.update(rec.id, unknown=True)
+
+        await asyncio.gather(*(one(rec) for rec in self.store.all()))
+
+    async def _recover_one(self, rec: ContainerRecord, state: dict[str, Any] | None,
+                           submit: Callable[[Exit], None]) -> None:
         if rec.phase in (CREATING, REMOVING) or self.sandboxes.get(rec.sandbox_id) is None:
             log.info("container %s: removing what an interrupted %s left", rec.id,
                      "removal" if rec.phase == REMOVING else "creation")
-            await self._cleanup(rec.id)
+            await self.cleanup(rec.id)
             self.store.delete(rec.id)
             return
         self.names.reserve(rec.name, rec.id)
         if rec.finished_at:
             return
         exit_ = self.runtime.exit_of(rec.id)
+        status = state.get("status") if state is not None else None
+        if exit_ is None and status in (None, "stopped"):
+            # No status anywhere (runc forgot it, conmon died with it): containerd's
+            # unknown exit code and reason.
+            exit_ = Exit(rec.id, 255, now_ns(), reason="Unknown")
+        if not rec.started_at and exit_ is None and status in ("running", "paused"):
+            # Killed between ``runc start`` and its record: the start happened; finish it.
+            log.info("container %s: finishing an interrupted start", rec.id)
+            self.store.update(rec.id, started_at=now_ns())
+            self.events.emit(events.STARTED, rec.id, rec.sandbox_id)
         if exit_ is not None:
-            self.on_exit(exit_)
-            return
-        state = await self.runtime.state(rec.id)
-        if state is None or state.get("status") == "stopped":
-            self._record_exit(Exit(rec.id, 255, now_ns()), reason="Unknown")
+            submit(exit_)

@@ -319,17 +319,13 @@ class NRI:
         finally:
             done.set_result(None)
 
-    def container_exited(self, cid: str) -> None:
-        """From the exit watcher: the Stop event goes out in the background, as its own
-        top-level operation (it takes the read side of the plugin-sync lock)."""
-        if self.adaptation is None or cid not in self._ctrs or cid in self._stops:
+    async def container_exited(self, cid: str) -> None:
+        """From the exit monitor: the StopContainer event, as its own top-level operation
+        (it takes the read side of the plugin-sync lock)."""
+        if self.adaptation is None or cid not in self._ctrs:
             return
-
-        async def notify() -> None:
-            async with self.sync_lock.read():
-                await self.stop_container(cid)
-
-        self._own(notify(), f"nri stop {cid[:12]}")
+        async with self.sync_lock.read():
+            await self.stop_container(cid)
 
     async def remove_container(self, cid: str) -> None:
         if self.adaptation is None or cid not in self._ctrs:

@@ -16,12 +16,14 @@ import logging
 import os
 import secrets
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.containers import ContainerManager, labels_match, now_ns
+from pycrid.core import events
+from pycrid.core.containers import RECOVERY_CONCURRENCY, ContainerManager, labels_match, now_ns
+from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI
 from pycrid.core.nri_objects import resources_from_cri
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
@@ -62,9 +64,10 @@ def _validate(config: pb.PodSandboxConfig, handler: str, handlers: Collection[st
 class PodManager:
     def __init__(self, *, store: RecordStore[SandboxRecord], controller: SandboxController,
                  containers: ContainerManager, images: ImageService, netns_dir: str,
-                 locks: KeyedLocks, nri: NRI, network: PodNetworks,
+                 locks: KeyedLocks, nri: NRI, network: PodNetworks, events: ContainerEvents,
                  handlers: Collection[str]) -> None:
         self.store = store
+        self.events = events
         self.network = network
         self.handlers = frozenset(handlers)
         self.controller = controller
@@ -137,6 +140,8 @@ class PodManager:
             await self.nri.run_pod(rec)
             self.store.update(sid, phase="ready")
             undo.pop_all()
+        self.events.emit(events.CREATED, sid, sid)
+        self.events.emit(events.STARTED, sid, sid)
         return sid
 
     async def _sandbox_image(self) -> ImageRecord:
@@ -167,12 +172,13 @@ class PodManager:
         await self.nri.stop_pod(sid)
         failpoint("sandbox.stop")
         await self.controller.stop(sid)
+        failpoint("sandbox.stopped")
         rec = self.store.get(sid)
         if rec is not None and rec.netns:
             await self._detach(sid)
+            failpoint("sandbox.detached")
             await asyncio.to_thread(remove_netns, rec.netns)
-        if rec is not None and rec.phase == "ready":
-            self.store.update(sid, phase="notready")
+        self._not_ready(sid)
 
     async def remove(self, prefix: str) -> None:
         try:
@@ -190,12 +196,14 @@ class PodManager:
                 await self.containers.remove_locked(c.id)
         failpoint("sandbox.remove")
         await self.controller.shutdown(rec.id)
+        failpoint("sandbox.shutdown")
         if rec.netns:
             await self._detach(rec.id)
             await asyncio.to_thread(remove_netns, rec.netns)
         self.store.delete(rec.id)
         self.names.release(rec.name)
         self.locks.drop(rec.id)
+        self.events.emit(events.DELETED, rec.id, rec.id)
         await self.nri.remove_pod(rec.id)
 
     async def _detach(self, sid: str) -> None:
@@ -230,28 +238,50 @@ class PodManager:
 
     # ---- exits and restart ---------------------------------------------------------------
 
-    def on_exit(self, exit_: Exit) -> bool:
-        """The pause process ended: the pod is no longer ready. False if not a sandbox."""
-        rec = self.store.get(exit_.id)
-        if rec is None:
-            return False
-        self.controller.exited(rec.id, exit_)
-        if rec.phase == "ready":
-            log.warning("pause process of pod %s exited with %d", rec.id, exit_.code)
-            self.store.update(rec.id, phase="notready")
-        return True
+    def notify_exit(self, exit_: Exit) -> None:
+        """From the exit watcher, at once: wake whoever waits for the pause to exit."""
+        self.controller.exited(exit_.id, exit_)
 
-    async def recover(self) -> None:
-        for rec in self.store.all():
-            try:
-                await self._recover_one(rec)
-            except Exception:
-                log.exception("pod sandbox %s: recovery failed; marking it not ready", rec.id)
-                if self.store.get(rec.id) is not None:
-                    self.store.update(rec.id, phase="notready")
-        bound = asyncio.Semaphore(_RECOVERY_CHECKS)
-        await asyncio.gather(*(self._check_network(r, bound) for r in self.store.all()
-                               if r.ready and r.netns))
+    async def handle_exit(self, exit_: Exit) -> None:
+        """From the exit monitor: the pause process ended, the pod is no longer ready."""
+        rec = self.store.get(exit_.id)
+        if rec is not None and rec.ready:
+            log.warning("pause process of pod %s exited with %d", rec.id, exit_.code)
+            self._not_ready(rec.id)
+
+    def _not_ready(self, sid: str) -> None:
+        """A ready pod stops being ready: record it and tell event subscribers (once)."""
+        rec = self.store.get(sid)
+        if rec is not None and rec.ready:
+            self.store.update(sid, phase="notready")
+            self.events.emit(events.STOPPED, sid, sid)
+
+    async def recover(self, states: dict[str, dict[str, Any]],
+                      submit: Callable[[Exit], None]) -> None:
+        """Reload records (RECOVERY_CONCURRENCY at a time): undo interrupted creations,
+        finish interrupted removals, and keep a pod ready only if its pause process lives
+        (runc's view in ``states``; a pause exit found here goes to ``submit``), its netns
+        is still pinned and its network passes CNI CHECK."""
+        bound = asyncio.Semaphore(RECOVERY_CONCURRENCY)
+        exited: set[str] = set()
+
+        def exit_found(exit_: Exit) -> None:
+            exited.add(exit_.id)
+            submit(exit_)
+
+        async def one(rec: SandboxRecord) -> None:
+            async with bound:
+                try:
+                    await self._recover_one(rec, states, exit_found)
+                except Exception:
+                    log.exception("pod sandbox %s: recovery failed; marking it not ready",
+                                  rec.id)
+                    self._not_ready(rec.id)
+
+        await asyncio.gather(*(one(r) for r in self.store.all()))
+        checks = asyncio.Semaphore(_RECOVERY_CHECKS)
+        await asyncio.gather(*(self._check_network(r, checks) for r in self.store.all()
+                               if r.ready and r.netns and r.id not in exited))
 
     async def _check_network(self, rec: SandboxRecord, bound: asyncio.Semaphore) -> None:
         """CNI CHECK of a pod that survived the restart: a broken network is not ready."""
@@ -260,9 +290,10 @@ class PodManager:
         if problem is not None and self.store.get(rec.id) is not None:
             log.warning("pod sandbox %s: network CHECK failed, marking it not ready: %s",
                         rec.id, problem)
-            self.store.update(rec.id, phase="notready")
+            self._not_ready(rec.id)
 
-    async def _recover_one(self, rec: SandboxRecord) -> None:
+    async def _recover_one(self, rec: SandboxRecord, states: dict[str, dict[str, Any]],
+                           submit: Callable[[Exit], None]) -> None:
         if rec.phase == CREATING:
             log.info("pod sandbox %s: undoing an interrupted creation", rec.id)
             for c in self.containers.of_sandbox(rec.id):
@@ -279,11 +310,17 @@ class PodManager:
             await self._stop_locked(rec.id)
             await self._remove_rest(rec)
             return
-        if rec.phase == "ready":
-            status = await self.controller.status(rec.id)
-            alive = status.state == "running" and status.exit is None
-            if not alive or (rec.netns and not is_pinned(rec.netns)):
-                self.store.update(rec.id, phase="notready")
+        if not rec.ready:
+            return
+        status = self.controller.recovered_status(rec.id, states)
+        if status.exit is not None:
+            submit(status.exit)  # handled after recovery, as a fresh exit
+        elif status.state != "running":
+            log.warning("pod sandbox %s: pause process is gone", rec.id)
+            self._not_ready(rec.id)
+        elif rec.netns and not is_pinned(rec.netns):
+            log.warning("pod sandbox %s: network namespace %s is gone", rec.id, rec.netns)
+            self._not_ready(rec.id)
 
     async def details(self, rec: SandboxRecord) -> dict[str, Any]:
         """PodSandboxStatus verbose info (containerd's keys)."""

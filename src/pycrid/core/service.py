@@ -1,7 +1,8 @@
 """CRIService: the core that the CRI servicers call.
 
 It holds the parts (images, pods, containers, pod networks, NRI), owns the
-exit watcher that feeds exits to pods and containers, runs start-up recovery,
+exit watcher and the exit monitor that feed exits to pods and containers and
+the CRI container event stream, runs start-up recovery (DESIGN.md's order),
 and answers the runtime-wide questions: version, readiness conditions,
 runtime config.
 """
@@ -12,15 +13,19 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from pycrid import __version__
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
+from pycrid.core import orphans
 from pycrid.core.containers import ContainerManager, ContainerPaths
+from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI, runc_version
 from pycrid.core.pods import PodManager
 from pycrid.core.registrar import KeyedLocks
+from pycrid.events.monitor import ExitMonitor
 from pycrid.images.service import ImageService
 from pycrid.network.service import PodNetworks
 from pycrid.oci.adjust import HostSupport
@@ -61,6 +66,8 @@ class CRIService:
         warnings: list[str],
         nri: NRI,
         network: PodNetworks,
+        events: ContainerEvents,
+        layout: orphans.Layout,
     ) -> None:
         self.images = images
         self.network = network
@@ -71,33 +78,74 @@ class CRIService:
         self.runtime_config = runtime_config
         self.config = config
         self.warnings = list(warnings)
-        self.exits = ExitWatcher(runtime.exit_dir, self._on_exit)
+        self.events = events
+        self.layout = layout
+        self.exits = ExitWatcher(runtime.exit_dir, self._exit_file)
+        self.monitor = ExitMonitor(self._handle_exit)
+        #: How long the last start-up recovery took, in seconds.
+        self.recovery_seconds = 0.0
 
     async def start(self) -> None:
-        """Start-up: watch exits first (so none is missed), load the CNI config (recovery
-        may DEL), then recover images, pods, containers."""
+        """Start-up (DESIGN.md): watch exit files first (so none is missed; they queue in
+        the monitor), load the CNI config (recovery may DEL), recover images, pods and
+        containers, sweep orphans; then NRI, synchronised with the recovered state; then
+        the monitor handles the queued exits (those found by recovery included) as fresh
+        ones, so plugins and event subscribers hear of them, before the gate opens."""
         self.exits.start()
         await self.network.start()
         await self.images.recover()
-        await self.pods.recover()
-        await self.containers.recover()
-        for sid, why in self.pods.store.broken + self.containers.store.broken:
-            log.error("record %s could not be read and is ignored: %s", sid, why)
-        # NRI after recovery (DESIGN.md): plugins are synchronised with the recovered state.
+        started = time.monotonic()
+        states = await self.runtime.states()
+        await self.pods.recover(states, self.monitor.submit)
+        await self.containers.recover(states, self.monitor.submit)
+        await self._sweep_orphans(set(states))
+        self.recovery_seconds = time.monotonic() - started
+        log.info("recovered %d pods and %d containers in %.1f ms", len(self.pods.store.ids()),
+                 len(self.containers.store.ids()), self.recovery_seconds * 1000)
+        for oid, why in self.pods.store.broken + self.containers.store.broken:
+            message = f"record {oid} could not be read and is ignored: {why}"
+            log.error("%s", message)
+            self.warnings.append(message)
         self.nri.recovered()
         await self.nri.start()
         self.warnings.extend(self.nri.adaptation.warnings if self.nri.adaptation else ())
+        self.monitor.start()
+        await self.monitor.idle()
+
+    async def _sweep_orphans(self, runtime_ids: set[str]) -> None:
+        pods = set(self.pods.store.ids()) | {oid for oid, _ in self.pods.store.broken}
+        ctrs = set(self.containers.store.ids()) | {oid for oid, _ in
+                                                    self.containers.store.broken}
+        removed = await orphans.sweep(
+            layout=self.layout, pods=pods, containers=ctrs,
+            netns_in_use={r.netns for r in self.pods.store.all() if r.netns},
+            runtime_ids=runtime_ids, snapshotter=self.images.snapshotter,
+            network=self.network, default_handler=self.runtime_config.default_runtime_name,
+            remove_sandbox=self.pods.controller.shutdown,
+            remove_container=self.containers.cleanup)
+        for what in removed:
+            log.warning("removed orphaned %s (no record owns it)", what)
 
     async def aclose(self) -> None:
-        """Containers keep running under conmon; stop watching, shut NRI plugins down."""
+        """Containers keep running under conmon; stop watching, end event streams, shut
+        NRI plugins down."""
         self.exits.close()
+        await self.monitor.aclose()
+        self.events.broadcast.close()
         await self.network.aclose()
         await self.nri.stop()
 
-    def _on_exit(self, exit_: Exit) -> None:
-        if not self.pods.on_exit(exit_):
-            self.containers.on_exit(exit_)
-            self.nri.container_exited(exit_.id)
+    def _exit_file(self, exit_: Exit) -> None:
+        """From the watcher: wake waiters now, queue the rest for the monitor."""
+        self.pods.notify_exit(exit_)
+        self.containers.notify_exit(exit_)
+        self.monitor.submit(exit_)
+
+    async def _handle_exit(self, exit_: Exit) -> None:
+        if self.pods.store.get(exit_.id) is not None:
+            await self.pods.handle_exit(exit_)
+        else:
+            await self.containers.handle_exit(exit_)
 
     def version(self) -> tuple[str, str, str]:
         """(runtime name, runtime version, CRI API version)."""
@@ -147,6 +195,7 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     locks = KeyedLocks()
     sandboxes = sandbox_store(db)
     ctr_store = container_store(db)
+    events = ContainerEvents(sandboxes, ctr_store)
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
                             else "cgroupfs")
     paths = ContainerPaths(state_dir=state, root_dir=root)
@@ -158,14 +207,17 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
               host=lambda: HostSupport.probe(runc_version(runc), own_oom_score_adj()))
     containers = ContainerManager(
         store=ctr_store, sandboxes=sandboxes, controller=controller,
-        runtime=runtime, images=images, paths=paths, locks=locks, nri=nri,
+        runtime=runtime, images=images, paths=paths, locks=locks, nri=nri, events=events,
         cgroup_driver=driver)
     nri.bind(apply_resources=containers.apply_resources, evict=containers.evict)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"))
     pods = PodManager(store=sandboxes, controller=controller, containers=containers,
                       images=images, netns_dir=os.path.join(state, "netns"), locks=locks,
-                      nri=nri, network=network, handlers=runtime_config.runtimes.keys())
+                      nri=nri, network=network, events=events,
+                      handlers=runtime_config.runtimes.keys())
     return CRIService(images=images, pods=pods, containers=containers, runtime=runtime,
                       runtime_config=runtime_config, config=config, warnings=warnings, nri=nri,
-                      network=network)
+                      network=network, events=events,
+                      layout=orphans.Layout(root=root, state=state,
+                                            exit_dir=runtime.exit_dir))

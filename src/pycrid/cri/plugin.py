@@ -41,6 +41,10 @@ class CRIPlugin:
         self.gate.ready = True
         self._ready()
 
+    def end_streams(self) -> None:
+        """Shutdown: end every GetContainerEvents stream so the server can stop."""
+        self.core.events.broadcast.close()
+
     async def close(self) -> None:
         # The parts are plugins of their own and are closed by the registry after us.
         self.gate.ready = False

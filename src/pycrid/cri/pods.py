@@ -8,6 +8,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
+from pycrid.core.events import ContainerEvent
 from pycrid.store.pods import ContainerRecord, SandboxRecord
 
 RUNTIME_TYPE = "pycrid.runtime.v1.runc"
@@ -70,3 +71,14 @@ def container_status_pb(rec: ContainerRecord) -> Any:
     status.user.linux.supplemental_groups.extend(rec.groups)
     return status
 
+
+
+def container_event_pb(event: ContainerEvent) -> Any:
+    """A GetContainerEvents item: the pod and its containers as they were at the event."""
+    resp = pb.ContainerEventResponse(
+        container_id=event.container_id, container_event_type=event.kind,
+        created_at=event.at_ns,
+        containers_statuses=[container_status_pb(c) for c in event.containers])
+    if event.sandbox is not None:
+        resp.pod_sandbox_status.CopyFrom(sandbox_status_pb(event.sandbox))
+    return resp

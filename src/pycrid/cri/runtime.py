@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
@@ -119,3 +120,11 @@ class RuntimeServicer:
     async def ReopenContainerLog(self, request: Any, context: Any) -> Any:
         await self.core.containers.reopen_log(request.container_id)
         return pb.ReopenContainerLogResponse()
+
+    async def GetContainerEvents(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        sub = self.core.events.broadcast.subscribe()
+        try:
+            while (event := await sub.get()) is not None:
+                yield convert.container_event_pb(event)
+        finally:
+            sub.close()

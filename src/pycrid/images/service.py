@@ -27,6 +27,7 @@ from typing import Any
 
 from pycrid.config.schema import ImagesConfig
 from pycrid.errors import DataLoss, InvalidArgument, NotFound, PycridError
+from pycrid.faults import failpoint
 from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
@@ -275,10 +276,12 @@ class ImageService:
                 f"image {ref}: manifest lists {len(manifest.layers)} layers but its config "
                 f"has {len(config.diff_ids)} diff ids")
         chain = chain_ids(config.diff_ids)
+        failpoint("pull.manifest")
         try:
             await self._download_and_unpack(ref, creds, manifest.layers, config.diff_ids, chain)
         except BaseExceptionGroup as eg:
             raise _most_telling(eg) from None
+        failpoint("pull.unpacked")  # every layer committed, no image record yet
         size = manifest.config.size + len(data) + sum(x.size for x in manifest.layers)
         return ImageRecord(
             id=manifest.config.digest, target=target.digest, manifest=desc.digest,
@@ -314,6 +317,7 @@ class ImageService:
                 if task is None:
                     continue
                 await task
+                failpoint("pull.downloaded")  # a verified blob in the content store
                 await self._unpack(layer, diff_ids[i], chain[i], chain[i - 1] if i else None)
 
     def _has_snapshot(self, key: str) -> bool:

@@ -27,6 +27,7 @@ from typing import IO, Any, BinaryIO, cast
 import zstandard
 
 from pycrid.errors import DataLoss, InvalidArgument, NotFound, PermissionDenied
+from pycrid.faults import failpoint
 from pycrid.images import mount as mnt
 from pycrid.images import oci
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
@@ -358,6 +359,7 @@ def unpack_layer(snapshotter: Snapshotter, *, blob_path: str, media_type: str, d
         got = "sha256:" + reader.hash.hexdigest()
         if got != diff_id:
             raise DataLoss(f"layer diffID mismatch: config says {diff_id}, content is {got}")
+        failpoint("pull.unpacking")  # applied, scratch snapshot (and mount) not yet committed
     except BaseException:
         _discard(snapshotter, key, target)
         raise

@@ -99,6 +99,20 @@ class ResultCache:
                 found.append(entry)
         return sorted(found, key=lambda e: e.ifname)
 
+    def owners(self) -> set[str]:
+        """The container (pod sandbox) ids that have cached attachments."""
+        found: set[str] = set()
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.dir):
+                if name.endswith(".tmp"):
+                    continue
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    with open(os.path.join(self.dir, name)) as f:
+                        owner = json.load(f).get("containerId")
+                    if isinstance(owner, str):
+                        found.add(owner)
+        return found
+
     def purge(self, container_id: str) -> None:
         """Remove whatever is left for ``container_id`` (after its DELs succeeded): its
         entries, and unreadable files named for it. Another pod's readable entry whose

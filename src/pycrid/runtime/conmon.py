@@ -107,6 +107,13 @@ class ConmonRuntime(ContainerRuntime):
         state: dict[str, Any] = json.loads(out)
         return state
 
+    async def states(self) -> dict[str, dict[str, Any]]:
+        rc, out, err = await self._runc("list", "--format", "json")
+        if rc != 0:
+            raise Unknown(f"runc list: {err}")
+        listed = json.loads(out or b"null") or []
+        return {str(s["id"]): s for s in listed if isinstance(s, dict) and "id" in s}
+
     # ---- create through conmon ---------------------------------------------------------
 
     async def create(self, opts: CreateOptions) -> int:

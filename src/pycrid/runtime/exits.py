@@ -27,6 +27,9 @@ class Exit:
     code: int
     #: When the file was written (its mtime), in Unix nanoseconds.
     at_ns: int
+    #: Set when the exit was inferred rather than read ("Unknown": the process vanished
+    #: without a recorded status while the daemon was down).
+    reason: str = ""
 
 
 def read_exit(exit_dir: str, object_id: str) -> Exit | None:
@@ -59,7 +62,8 @@ class ExitWatcher:
     def start(self) -> None:
         ino = inotify.Inotify()
         try:
-            ino.add_watch(self.exit_dir, inotify.CLOSE_WRITE | inotify.MOVED_TO)
+            ino.add_watch(self.exit_dir,
+                          inotify.CLOSE_WRITE | inotify.MOVED_TO | inotify.DELETE)
         except OSError:
             ino.close()
             raise
@@ -74,14 +78,14 @@ class ExitWatcher:
             self._ino.close()
             self._ino = None
 
-    def forget(self, object_id: str) -> None:
-        """The object is gone: a later exit file with its id is a new exit."""
-        self._seen.discard(object_id)
-
     def _readable(self) -> None:
         assert self._ino is not None
         events = self._ino.read_events()
-        names = [e.name for e in events if e.name and not e.mask & inotify.Q_OVERFLOW]
+        for e in events:
+            if e.mask & inotify.DELETE and e.name:
+                self._seen.discard(e.name)  # the object was removed: a new file is a new exit
+        names = [e.name for e in events if e.name
+                 and not e.mask & (inotify.Q_OVERFLOW | inotify.DELETE)]
         if any(e.mask & inotify.Q_OVERFLOW for e in events):
             log.warning("exit watcher queue overflowed; rescanning %s", self.exit_dir)
             names = os.listdir(self.exit_dir)

@@ -62,6 +62,11 @@ class ContainerRuntime(abc.ABC):
         """The runtime's view (``runc state``), or None for an unknown container."""
 
     @abc.abstractmethod
+    async def states(self) -> dict[str, dict[str, Any]]:
+        """Every container the runtime knows, by id (one ``runc list``: recovery asks
+        once instead of once per container)."""
+
+    @abc.abstractmethod
     async def exec_sync(self, object_id: str, process: dict[str, Any], *,
                         limit: float | None, output_cap: int) -> ExecResult:
         """Run ``process`` in the container and collect its output (each stream capped)."""

@@ -64,6 +64,12 @@ class SandboxController(abc.ABC):
     async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus: ...
 
     @abc.abstractmethod
+    def recovered_status(self, sandbox_id: str,
+                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+        """At start-up: the sandbox's status from the runtime's view of every container
+        (one ``runc list``) and its recorded exit, without a runtime call of its own."""
+
+    @abc.abstractmethod
     async def shutdown(self, sandbox_id: str) -> None:
         """Delete every trace of the sandbox (idempotent; also undoes a partial create)."""
 

@@ -166,16 +166,24 @@ class PauseController(SandboxController):
 
     async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus:
         state = await self.runtime.state(sandbox_id)
-        if state is None:
-            return SandboxStatus(sandbox_id, 0, "unknown", self.runtime.exit_of(sandbox_id))
-        status = "running" if state.get("status") in ("running", "created") else "stopped"
         info: dict[str, Any] = {}
-        if verbose:
+        if verbose and state is not None:
             info["runtimeState"] = state
             with contextlib.suppress(NotFound):
                 info["runtimeSpec"] = read_spec(self.bundle(sandbox_id))
-        return SandboxStatus(sandbox_id, int(state.get("pid") or 0), status,
-                             self.runtime.exit_of(sandbox_id), info)
+        return self._status(sandbox_id, state, info)
+
+    def recovered_status(self, sandbox_id: str,
+                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+        return self._status(sandbox_id, runtime_states.get(sandbox_id), {})
+
+    def _status(self, sandbox_id: str, state: dict[str, Any] | None,
+                info: dict[str, Any]) -> SandboxStatus:
+        exit_ = self.runtime.exit_of(sandbox_id)
+        if state is None:
+            return SandboxStatus(sandbox_id, 0, "unknown", exit_)
+        status = "running" if state.get("status") in ("running", "created") else "stopped"
+        return SandboxStatus(sandbox_id, int(state.get("pid") or 0), status, exit_, info)
 
     async def shutdown(self, sandbox_id: str) -> None:
         await self.runtime.delete(sandbox_id)

@@ -1,0 +1,235 @@
+"""Restart recovery and the CRI event stream, end to end.
+
+A daemon is stopped with containers running; while it is down one container
+is killed and another exits on its own; after the restart the running ones
+are still running and logging, the dead ones are reported with their real
+exit codes, and both the NRI plugin (StopContainer) and an event subscriber
+(CONTAINER_STOPPED_EVENT) hear of those exits as if they had just happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2 as pb
+
+from tests.support.daemon import NRI_SECTION, CRIClient, Daemon, nri_paths, running_daemon
+from tests.support.images import TestImages
+from tests.support.nri_plugins import has_event, install_preinstalled, read_events, wait_events
+from tests.support.pods import (
+    Pods,
+    container_config,
+    daemon_config,
+    leftovers,
+    log_text,
+    pod_config,
+    wait_for,
+)
+from tests.support.registry import LocalRegistry
+
+pytestmark = pytest.mark.e2e
+
+CREATED, STARTED = pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT
+STOPPED, DELETED = pb.CONTAINER_STOPPED_EVENT, pb.CONTAINER_DELETED_EVENT
+
+
+class Subscriber:
+    """A GetContainerEvents stream read by a thread into a list."""
+
+    def __init__(self, client: CRIClient) -> None:
+        self.events: list[Any] = []
+        self._call = client.runtime.GetContainerEvents(pb.GetEventsRequest())
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for event in self._call:
+                self.events.append(event)
+        except grpc.RpcError:
+            pass  # cancelled, or the daemon went away
+
+    def seen(self) -> list[tuple[str, int]]:
+        return [(e.container_id, e.container_event_type) for e in self.events]
+
+    def wait(self, item: tuple[str, int], timeout: float = 20) -> Any:
+        wait_for(lambda: item in self.seen(), timeout,
+                 f"event {pb.ContainerEventType.Name(item[1])} for {item[0][:12]}")
+        return next(e for e in self.events
+                    if (e.container_id, e.container_event_type) == item)
+
+    def close(self) -> None:
+        self._call.cancel()
+        self._thread.join(10)
+
+
+def _config(registry: LocalRegistry, images: TestImages, base: Path) -> str:
+    paths = nri_paths(str(base))
+    nri = "\n".join([NRI_SECTION] + [f'{k} = "{v}"' for k, v in paths.items()])
+    return daemon_config(registry, images, base) + nri + "\n"
+
+
+def test_container_events_follow_the_lifecycle(tmp_path: Path, registry: LocalRegistry,
+                                               test_images: TestImages) -> None:
+    busybox = test_images.busybox.ref(registry)
+    with running_daemon(str(tmp_path), daemon_config(registry, test_images, tmp_path)) as d:
+        d.client.pull(busybox)
+        pods = Pods(d.client)
+        first, second = Subscriber(d.client), Subscriber(d.client)
+        try:
+            pod = pod_config()
+            sid = pods.run(pod)
+            cid = pods.create(sid, container_config(busybox, "c", command=["sleep", "3600"]),
+                              pod)
+            pods.start(cid)
+            quick = pods.run_container(sid, container_config(
+                busybox, "quick", command=["sh", "-c", "exit 5"]), pod)
+            stopped = first.wait((quick, STOPPED))  # exits on its own
+            mine = {c.id: c for c in stopped.containers_statuses}
+            assert (mine[quick].state, mine[quick].exit_code) == (pb.CONTAINER_EXITED, 5)
+            assert mine[cid].state == pb.CONTAINER_RUNNING
+            assert stopped.pod_sandbox_status.id == sid
+            pods.stop(cid)
+            pods.remove(cid)
+            pods.remove(quick)
+            pods.stop_pod(sid)
+            pods.remove_pod(sid)
+            expected = [(sid, CREATED), (sid, STARTED), (cid, CREATED), (cid, STARTED),
+                        (quick, CREATED), (quick, STARTED), (quick, STOPPED), (cid, STOPPED),
+                        (cid, DELETED), (quick, DELETED), (sid, STOPPED), (sid, DELETED)]
+            for sub in (first, second):
+                sub.wait((sid, DELETED))
+                assert sub.seen() == expected
+            by_kind = {(e.container_id, e.container_event_type): e for e in first.events}
+            started = by_kind[(cid, STARTED)]
+            assert started.pod_sandbox_status.state == pb.SANDBOX_READY
+            assert {c.id: c.state for c in started.containers_statuses} == {
+                cid: pb.CONTAINER_RUNNING}
+            assert by_kind[(cid, STOPPED)].created_at >= started.created_at > 0
+            assert by_kind[(sid, STOPPED)].pod_sandbox_status.state == pb.SANDBOX_NOTREADY
+            assert not by_kind[(sid, DELETED)].containers_statuses
+        finally:
+            first.close()
+            second.close()
+        assert leftovers(d.root, d.state) == []
+
+
+def test_restart_keeps_containers_and_reports_exits_from_downtime(
+        tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
+    busybox = test_images.busybox.ref(registry)
+    plugins = Path(nri_paths(str(tmp_path))["plugin_path"])
+    record = tmp_path / "rec.jsonl"
+    install_preinstalled(plugins, "10-rec", "recorder", record=record)
+    config = _config(registry, test_images, tmp_path)
+    logs = tmp_path / "logs"
+    with running_daemon(str(tmp_path), config) as d:
+        d.client.pull(busybox)
+        pods = Pods(d.client)
+        pod = pod_config(log_dir=str(logs))
+        sid = pods.run(pod)
+        ticker = pods.run_container(sid, container_config(
+            busybox, "ticker", log_path="ticker.log",
+            command=["sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.1; done"]),
+            pod)
+        doomed = pods.run_container(sid, container_config(
+            busybox, "doomed", command=["sleep", "3600"]), pod)
+        # Exits on its own once the daemon is down (the wait below makes sure of it).
+        later = pods.run_container(sid, container_config(
+            busybox, "later", command=["sh", "-c", "sleep 3; exit 7"]), pod)
+        doomed_pid = _pid(pods, doomed)
+        wait_events(record, has_event("PostStartContainer", container_id=later), 20,
+                    "the plugin to see the containers start")
+    # The daemon is down; its containers are not.
+    log_path = logs / "ticker.log"
+    ticks = log_text(str(log_path)).count("tick")
+    exits = Path(d.state) / "exits"
+    assert not (exits / later).exists(), "'later' exited before the daemon was down"
+    os.kill(doomed_pid, signal.SIGKILL)
+    wait_for(lambda: (exits / doomed).exists() and (exits / later).exists(), 10,
+             "conmon to record the exits")
+    time.sleep(0.5)
+    assert log_text(str(log_path)).count("tick") > ticks, "logging stopped with the daemon"
+
+    with running_daemon(str(tmp_path), config) as d:
+        pods = Pods(d.client)
+        sub = Subscriber(d.client)  # connects after start-up: gets the held events
+        try:
+            states = {c.id: (c.state) for c in pods.rt.ListContainers(
+                pb.ListContainersRequest(), timeout=10).containers}
+            assert states == {ticker: pb.CONTAINER_RUNNING, doomed: pb.CONTAINER_EXITED,
+                              later: pb.CONTAINER_EXITED}
+            assert pods.status(doomed).status.exit_code == 137
+            assert pods.status(later).status.exit_code == 7
+            assert pods.pod_status(sid).status.state == pb.SANDBOX_READY
+            for cid in (doomed, later):
+                event = sub.wait((cid, STOPPED))
+                statuses = {c.id: c for c in event.containers_statuses}
+                assert statuses[cid].state == pb.CONTAINER_EXITED
+            events = wait_events(record, lambda ev: all(
+                has_event("StopContainer", container_id=c)(ev) for c in (doomed, later)),
+                20, "StopContainer for the exits that happened while the daemon was down")
+            sync = [e for e in events if e["event"] == "Synchronize"][-1]
+            # Plugins were synchronised with the containers still running, then told of
+            # the exits as fresh ones.
+            assert sync["container_states"][doomed] == "CONTAINER_RUNNING"
+            stop = next(e for e in events if e["event"] == "StopContainer"
+                        and e["container_id"] == doomed)
+            assert (stop["exit_code"], stop["state"]) == (137, "CONTAINER_STOPPED")
+            # The ticker kept its log across the restart and keeps writing to it.
+            ticks = log_text(str(log_path)).count("tick")
+            wait_for(lambda: log_text(str(log_path)).count("tick") > ticks + 3, 10,
+                     "the ticker to keep logging after the restart")
+            pods.stop(ticker)
+            assert pods.status(ticker).status.state == pb.CONTAINER_EXITED
+            sub.wait((ticker, STOPPED))
+            pods.remove_pod(sid)
+        finally:
+            sub.close()
+        assert leftovers(d.root, d.state) == []
+    assert len([e for e in read_events(record) if e["event"] == "StopContainer"
+                and e["container_id"] == doomed]) == 1
+
+
+def _pid(pods: Pods, cid: str) -> int:
+    import json
+    return int(json.loads(pods.status(cid, verbose=True).info["info"])["pid"])
+
+
+def test_container_gone_without_a_trace_is_exited_unknown(
+        tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
+    """runc forgot the container and conmon left no exit file (state dir wiped under it):
+    exited, code 255, reason Unknown, as containerd reports it."""
+    busybox = test_images.busybox.ref(registry)
+    config = daemon_config(registry, test_images, tmp_path)
+    with running_daemon(str(tmp_path), config) as d:
+        d.client.pull(busybox)
+        pods = Pods(d.client)
+        pod = pod_config()
+        sid = pods.run(pod)
+        cid = pods.run_container(sid, container_config(busybox, "c", command=["sleep", "3600"]),
+                                 pod)
+    _forget_in_runc(d, cid)
+    with running_daemon(str(tmp_path), config) as d:
+        pods = Pods(d.client)
+        st = pods.status(cid).status
+        assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 255, "Unknown")
+        pods.remove_pod(sid)
+        assert leftovers(d.root, d.state) == []
+
+
+def _forget_in_runc(d: Daemon, cid: str) -> None:
+    """Kill the container's processes and remove every record of it but pycrid's own."""
+    import shutil
+    import subprocess
+    subprocess.run(["runc", f"--root={d.state}/runc", "kill", cid, "KILL"], check=True)
+    wait_for(lambda: (Path(d.state) / "exits" / cid).exists(), 10, "the exit file")
+    subprocess.run(["runc", f"--root={d.state}/runc", "delete", "--force", cid], check=False)
+    os.unlink(Path(d.state) / "exits" / cid)
+    shutil.rmtree(Path(d.state) / "runc" / cid, ignore_errors=True)

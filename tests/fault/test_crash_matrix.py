@@ -1,0 +1,274 @@
+"""kill -9 of the daemon at every step of every mutating CRI operation.
+
+Each case starts a daemon with ``PYCRID_FAILPOINTS=<step>:kill`` (the daemon
+SIGKILLs itself when it reaches that step), drives the operation until the
+daemon dies under the call, restarts it without fail points and checks:
+
+* every object the client was told exists still exists, in the state the
+  truth gives it (a container SIGKILLed before the crash is EXITED, one whose
+  ``runc start`` ran is RUNNING), and nothing the client was not told of is
+  visible;
+* no trace of any other object is left: bundles, volumes, exit files, runc
+  state, conmon processes, mounts, netns, CNI cache entries and pod IPs,
+  writable snapshots, container cgroups;
+* the operation, retried, succeeds; afterwards removing everything leaves
+  nothing at all (``leftovers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2 as pb
+
+from tests.support.daemon import Daemon, mounts_under, running_daemon
+from tests.support.images import TestImages
+from tests.support.network import allocated_ips
+from tests.support.pods import (
+    Pods,
+    command_lines,
+    container_cgroups,
+    container_config,
+    daemon_config,
+    leftovers,
+    pod_config,
+)
+from tests.support.registry import LocalRegistry
+
+pytestmark = pytest.mark.e2e
+
+#: operation -> the fail points along its path, in order.
+MATRIX: dict[str, list[str]] = {
+    "RunPodSandbox": ["sandbox.record", "sandbox.netns", "sandbox.network", "sandbox.files",
+                      "sandbox.shm", "sandbox.rootfs", "sandbox.spec", "sandbox.created",
+                      "sandbox.started"],
+    "CreateContainer": ["container.record", "container.rootfs", "container.bundle",
+                        "container.created"],
+    "StartContainer": ["container.start", "container.started"],
+    "StopContainer": ["container.signalled", "container.killed"],
+    "RemoveContainer": ["container.remove", "container.cleaned"],
+    "StopPodSandbox": ["sandbox.stop", "sandbox.stopped", "sandbox.detached"],
+    "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],
+    "PullImage": ["pull.manifest", "pull.downloaded", "pull.unpacking", "pull.unpacked"],
+}
+CASES = [(op, point) for op, points in MATRIX.items() for point in points]
+
+
+@dataclass
+class World:
+    """What the client was told exists, and the states it expects after the restart."""
+
+    pod: Any = None
+    sid: str = ""
+    cid: str = ""
+    pods: dict[str, int] = field(default_factory=dict)
+    containers: dict[str, int] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)
+
+
+class Scenario:
+    def __init__(self, op: str, point: str, registry: LocalRegistry,
+                 images: TestImages) -> None:
+        self.op, self.point = op, point
+        self.registry, self.images = registry, images
+        self.busybox = images.busybox.ref(registry)
+        self.layered = images.layered.ref(registry)
+
+    def sleeper(self, name: str = "c") -> Any:
+        if self.op == "StopContainer":
+            # Ignores SIGTERM, so the daemon dies inside the grace period and the retried
+            # stop has to SIGKILL.
+            return container_config(self.busybox, name, command=[
+                "sh", "-c", "trap '' TERM; sleep 3600 & wait"])
+        return container_config(self.busybox, name, command=["sleep", "3600"])
+
+    # ---- before the crash: set the stage, then the call the daemon dies in ----------------
+
+    def prepare(self, d: Daemon, pods: Pods) -> World:
+        w = World()
+        if self.op == "PullImage":
+            return w  # the call is the first pull: any pull would meet the fail point
+        d.client.pull(self.images.pause.ref(self.registry))
+        d.client.pull(self.busybox)
+        if self.op == "RunPodSandbox":
+            return w
+        w.pod = pod_config()
+        w.sid = pods.run(w.pod)
+        w.pods[w.sid] = pb.SANDBOX_READY
+        if self.op == "CreateContainer":
+            return w
+        w.cid = pods.create(w.sid, self.sleeper(), w.pod)
+        w.containers[w.cid] = pb.CONTAINER_CREATED
+        if self.op == "StartContainer":
+            return w
+        pods.start(w.cid)
+        w.containers[w.cid] = pb.CONTAINER_RUNNING
+        if self.op == "RemoveContainer":
+            pods.stop(w.cid)
+            w.containers[w.cid] = pb.CONTAINER_EXITED
+        return w
+
+    def call(self, pods: Pods, d: Daemon, w: World) -> None:
+        ops: dict[str, Callable[[], object]] = {
+            "RunPodSandbox": lambda: pods.run(pod_config()),
+            "CreateContainer": lambda: pods.create(w.sid, self.sleeper(), w.pod),
+            "StartContainer": lambda: pods.start(w.cid),
+            "StopContainer": lambda: pods.stop(w.cid, timeout=30),
+            "RemoveContainer": lambda: pods.remove(w.cid),
+            "StopPodSandbox": lambda: pods.stop_pod(w.sid),
+            "RemovePodSandbox": lambda: pods.remove_pod(w.sid),
+            "PullImage": lambda: d.client.pull(self.layered),
+        }
+        ops[self.op]()
+
+    # ---- after the restart ----------------------------------------------------------
+
+    def expected(self, w: World) -> World:
+        """What the truth is after the crash at this point."""
+        if self.op == "StartContainer" and self.point == "container.started":
+            w.containers[w.cid] = pb.CONTAINER_RUNNING  # runc start ran: the start is finished
+        elif self.op == "StopContainer" and self.point == "container.killed":
+            w.containers[w.cid] = pb.CONTAINER_EXITED  # SIGKILLed while nobody watched
+        elif self.op == "RemoveContainer":
+            del w.containers[w.cid]  # the recorded intent: the removal is finished
+        elif self.op == "StopPodSandbox":
+            w.containers[w.cid] = pb.CONTAINER_EXITED  # killed before the first fail point
+            if self.point != "sandbox.stop":
+                w.pods[w.sid] = pb.SANDBOX_NOTREADY  # the pause was killed too
+        elif self.op == "RemovePodSandbox":
+            w.pods.clear()
+            w.containers.clear()
+        return w
+
+    def retry(self, d: Daemon, pods: Pods, w: World) -> Callable[[], None]:
+        """The client's retry, and what must hold after it."""
+        def run_pod() -> None:
+            sid = pods.run(pod_config())
+            assert pods.pod_status(sid).status.state == pb.SANDBOX_READY
+
+        def create() -> None:
+            cid = pods.create(w.sid, self.sleeper(), w.pod)
+            pods.start(cid)
+            assert pods.status(cid).status.state == pb.CONTAINER_RUNNING
+
+        def start() -> None:
+            if pods.status(w.cid).status.state == pb.CONTAINER_CREATED:
+                pods.start(w.cid)
+            else:
+                # Recovery finished the start; a second StartContainer is refused, as
+                # containerd refuses to start a running container.
+                with pytest.raises(grpc.RpcError) as e:
+                    pods.start(w.cid)
+                assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert pods.exec(w.cid, ["true"]).exit_code == 0
+
+        def stop() -> None:
+            pods.stop(w.cid, timeout=1)
+            st = pods.status(w.cid).status
+            assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 137)
+
+        def remove() -> None:
+            pods.remove(w.cid)
+
+        def stop_pod() -> None:
+            pods.stop_pod(w.sid)
+            assert pods.pod_status(w.sid).status.state == pb.SANDBOX_NOTREADY
+
+        def remove_pod() -> None:
+            pods.remove_pod(w.sid)
+
+        def pull() -> None:
+            d.client.pull(self.layered)
+            assert d.client.status(self.layered).image.id
+
+        return {"RunPodSandbox": run_pod, "CreateContainer": create, "StartContainer": start,
+                "StopContainer": stop, "RemoveContainer": remove, "StopPodSandbox": stop_pod,
+                "RemovePodSandbox": remove_pod, "PullImage": pull}[self.op]
+
+
+def _start(base: Path, registry: LocalRegistry, images: TestImages,
+           failpoints: str = "") -> contextlib.AbstractContextManager[Daemon]:
+    env = {"PYCRID_FAILPOINTS": failpoints} if failpoints else None
+    return running_daemon(str(base), daemon_config(registry, images, base), env=env)
+
+
+def _listed(pods: Pods) -> tuple[dict[str, int], dict[str, int]]:
+    rt = pods.rt
+    return ({p.id: p.state for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(),
+                                                      timeout=30).items},
+            {c.id: c.state for c in rt.ListContainers(pb.ListContainersRequest(),
+                                                      timeout=30).containers})
+
+
+def strays(d: Daemon, pods: set[str], containers: set[str]) -> list[str]:
+    """Traces of any object other than ``pods`` and ``containers``."""
+    known = pods | containers
+    found: list[str] = []
+
+    def names(*parts: str) -> set[str]:
+        path = os.path.join(*parts)
+        return set(os.listdir(path)) if os.path.isdir(path) else set()
+
+    for base in (d.state, d.root):
+        found += [f"container dir {n}" for n in names(base, "containers") - containers]
+        found += [f"sandbox dir {n}" for n in names(base, "sandboxes") - pods]
+    found += [f"exit file {n}" for n in names(d.state, "exits") - known]
+    found += [f"runc state {n}" for n in names(d.state, "runc") - known]
+    netns = names(d.state, "netns")
+    if len(netns) > len(pods):
+        found.append(f"netns {sorted(netns)} for {len(pods)} pods")
+    for mp in mounts_under(d.state) + mounts_under(d.root):
+        if not any(k in mp for k in known) and "/netns/" not in mp:
+            found.append(f"mount {mp}")
+    for pid, cmd in command_lines():
+        if "conmon" in cmd.split(" ", 1)[0] and d.state in cmd:
+            argv = cmd.split()
+            cid = argv[argv.index("--cid") + 1] if "--cid" in argv else "?"
+            if cid not in known:
+                found.append(f"conmon {pid} of {cid}")
+    found += [f"cgroup {c}" for c in container_cgroups() if os.path.basename(c) not in known]
+    results = os.path.join(d.root, "cni", "results")
+    for n in names(results):
+        with open(os.path.join(results, n)) as f:
+            if json.load(f).get("containerId") not in pods:
+                found.append(f"CNI cache entry {n}")
+    ips = allocated_ips(os.path.dirname(d.root))
+    if len(ips) > len(pods):
+        found.append(f"pod IPs {ips} for {len(pods)} pods")
+    return found
+
+
+@pytest.mark.parametrize(("op", "point"), CASES, ids=[f"{o}-{p}" for o, p in CASES])
+def test_kill_at_every_step(op: str, point: str, tmp_path: Path, registry: LocalRegistry,
+                            test_images: TestImages) -> None:
+    s = Scenario(op, point, registry, test_images)
+    with _start(tmp_path, registry, test_images, f"{point}:kill") as d:
+        pods = Pods(d.client)
+        world = s.prepare(d, pods)
+        with pytest.raises(grpc.RpcError) as e:
+            s.call(pods, d, world)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+        d.proc.wait(30)
+        assert d.proc.returncode == -signal.SIGKILL, f"the daemon did not die at {point}"
+    world = s.expected(world)
+    with _start(tmp_path, registry, test_images) as d:
+        pods = Pods(d.client)
+        try:
+            assert _listed(pods) == (world.pods, world.containers)
+            assert strays(d, set(world.pods), set(world.containers)) == []
+            if op == "PullImage":
+                assert d.client.list(s.layered) == []  # the client was never told of it
+            s.retry(d, pods, world)()
+        finally:
+            for p in pods.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                pods.remove_pod(p.id)
+        assert leftovers(d.root, d.state) == []
