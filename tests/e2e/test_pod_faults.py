@@ -169,31 +169,3 @@ def test_records_and_containers_survive_a_restart(tmp_path: Path, registry: Loca
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         pods.remove_pod(sid)
         assert leftovers(d.root, d.state) == []
-
-
-@pytest.mark.parametrize("step", ["sandbox.netns", "sandbox.rootfs", "sandbox.created",
-                                  "container.bundle", "container.created"])
-def test_crash_mid_creation_is_rolled_back_at_restart(step: str, tmp_path: Path,
-                                                      registry: LocalRegistry,
-                                                      test_images: TestImages) -> None:
-    """kill -9 of the daemon inside RunPodSandbox/CreateContainer: the next start undoes it."""
-    with _start(tmp_path, registry, test_images, step + ":kill") as d:
-        _pull(d, registry, test_images)
-        pods = Pods(d.client)
-        pod = pod_config()
-        if step.startswith("container."):
-            sid = pods.run(pod)
-            with pytest.raises(grpc.RpcError):
-                pods.create(sid, _sleeper(test_images, registry), pod)
-        else:
-            with pytest.raises(grpc.RpcError):
-                pods.run(pod)
-        d.proc.wait(10)
-        assert d.proc.returncode == -signal.SIGKILL
-    with _start(tmp_path, registry, test_images) as d:
-        pods = Pods(d.client)
-        assert pods.rt.ListContainers(pb.ListContainersRequest(), timeout=10).containers == []
-        for p in pods.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
-            assert step.startswith("container.")
-            pods.remove_pod(p.id)
-        assert leftovers(d.root, d.state) == []
