@@ -287,3 +287,38 @@ def test_orphans_without_records_are_swept_and_broken_rows_do_not_stop_start_up(
 def processes_of(cid: str) -> list[str]:
     from tests.support.pods import processes_mentioning
     return processes_mentioning(cid)
+
+
+def test_pod_whose_network_broke_while_down_goes_not_ready_after_restart(
+        tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
+    """The CNI CHECK of surviving pods runs once the daemon serves again; a pod whose eth0
+    vanished fails it and stops being ready, with a STOPPED event, as if its pause died."""
+    import subprocess
+
+    config = daemon_config(registry, test_images, tmp_path)
+    with running_daemon(str(tmp_path), config) as d:
+        pods = Pods(d.client)
+        broken, fine = pods.run(pod_config()), pods.run(pod_config())
+        netns = {sid: json_info(pods, sid)["netns"] for sid in (broken, fine)}
+    subprocess.run(["nsenter", f"--net={netns[broken]}", "ip", "link", "del", "eth0"],
+                   check=True)
+    with running_daemon(str(tmp_path), config) as d:
+        pods = Pods(d.client)
+        sub = Subscriber(d.client)
+        try:
+            sub.wait((broken, STOPPED))
+            assert pods.pod_status(broken).status.state == pb.SANDBOX_NOTREADY
+            wait_for(lambda: "checked the networks of 2 pods" in d.log(), 20, "the CHECKs")
+            assert pods.pod_status(fine).status.state == pb.SANDBOX_READY
+            assert (fine, STOPPED) not in sub.seen()
+            assert "network CHECK failed" in d.log()
+        finally:
+            sub.close()
+        pods.remove_pod(broken)
+        pods.remove_pod(fine)
+        assert leftovers(d.root, d.state) == []
+
+
+def json_info(pods: Pods, sid: str) -> dict[str, Any]:
+    import json
+    return dict(json.loads(pods.pod_status(sid, verbose=True).info["info"]))

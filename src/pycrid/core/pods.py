@@ -16,7 +16,7 @@ import logging
 import os
 import secrets
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
@@ -257,11 +257,11 @@ class PodManager:
             self.events.emit(events.STOPPED, sid, sid)
 
     async def recover(self, states: dict[str, dict[str, Any]],
-                      submit: Callable[[Exit], None]) -> None:
+                      submit: Callable[[Exit], None]) -> Sequence[str]:
         """Reload records (RECOVERY_CONCURRENCY at a time): undo interrupted creations,
         finish interrupted removals, and keep a pod ready only if its pause process lives
-        (runc's view in ``states``; a pause exit found here goes to ``submit``), its netns
-        is still pinned and its network passes CNI CHECK."""
+        (runc's view in ``states``; a pause exit found here goes to ``submit``) and its netns
+        is still pinned. Returns the pods whose network ``check_networks`` should CHECK."""
         bound = asyncio.Semaphore(RECOVERY_CONCURRENCY)
         exited: set[str] = set()
 
@@ -279,18 +279,27 @@ class PodManager:
                     self._not_ready(rec.id)
 
         await asyncio.gather(*(one(r) for r in self.store.all()))
-        checks = asyncio.Semaphore(_RECOVERY_CHECKS)
-        await asyncio.gather(*(self._check_network(r, checks) for r in self.store.all()
-                               if r.ready and r.netns and r.id not in exited))
+        return [r.id for r in self.store.all() if r.ready and r.netns and r.id not in exited]
 
-    async def _check_network(self, rec: SandboxRecord, bound: asyncio.Semaphore) -> None:
-        """CNI CHECK of a pod that survived the restart: a broken network is not ready."""
-        async with bound:
+    async def check_networks(self, ids: Sequence[str]) -> None:
+        """CNI CHECK of pods that survived a restart (8 at a time); one whose network is
+        broken stops being ready (a STOPPED event), as if its pause had died. Runs after
+        the gate opened: CHECK costs a few plugin runs per pod, and a node with many pods
+        should be serving again before they are all checked (containerd does not CHECK at
+        all after a restart)."""
+        bound = asyncio.Semaphore(_RECOVERY_CHECKS)
+        await asyncio.gather(*(self._check_network(sid, bound) for sid in ids))
+
+    async def _check_network(self, sid: str, bound: asyncio.Semaphore) -> None:
+        async with bound, self.locks(sid).read():  # not while a stop or removal runs
+            rec = self.store.get(sid)
+            if rec is None or not rec.ready:
+                return
             problem = await self.network.check(rec.id, rec.netns, rec.runtime_handler)
-        if problem is not None and self.store.get(rec.id) is not None:
+        if problem is not None:
             log.warning("pod sandbox %s: network CHECK failed, marking it not ready: %s",
-                        rec.id, problem)
-            self._not_ready(rec.id)
+                        sid, problem)
+            self._not_ready(sid)
 
     async def _recover_one(self, rec: SandboxRecord, states: dict[str, dict[str, Any]],
                            submit: Callable[[Exit], None]) -> None:

@@ -9,11 +9,14 @@ runtime config.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +87,8 @@ class CRIService:
         self.monitor = ExitMonitor(self._handle_exit)
         #: How long the last start-up recovery took, in seconds.
         self.recovery_seconds = 0.0
+        #: The CNI CHECKs of pods that survived the restart (after the gate opened).
+        self._checks: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start-up (DESIGN.md): watch exit files first (so none is missed; they queue in
@@ -96,7 +101,7 @@ class CRIService:
         await self.images.recover()
         started = time.monotonic()
         states = await self.runtime.states()
-        await self.pods.recover(states, self.monitor.submit)
+        to_check = await self.pods.recover(states, self.monitor.submit)
         await self.containers.recover(states, self.monitor.submit)
         await self._sweep_orphans(set(states))
         self.recovery_seconds = time.monotonic() - started
@@ -111,6 +116,14 @@ class CRIService:
         self.warnings.extend(self.nri.adaptation.warnings if self.nri.adaptation else ())
         self.monitor.start()
         await self.monitor.idle()
+        self._checks = asyncio.create_task(self._check_networks(to_check),
+                                           name="CNI CHECK after restart")
+
+    async def _check_networks(self, ids: Sequence[str]) -> None:
+        started = time.monotonic()
+        await self.pods.check_networks(ids)
+        log.info("checked the networks of %d pods in %.1f ms", len(ids),
+                 (time.monotonic() - started) * 1000)
 
     async def _sweep_orphans(self, runtime_ids: set[str]) -> None:
         pods = set(self.pods.store.ids()) | {oid for oid, _ in self.pods.store.broken}
@@ -130,6 +143,10 @@ class CRIService:
         """Containers keep running under conmon; stop watching, end event streams, shut
         NRI plugins down."""
         self.exits.close()
+        if self._checks is not None:
+            self._checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checks
         await self.monitor.aclose()
         self.events.broadcast.close()
         await self.network.aclose()
