@@ -9,8 +9,12 @@ exit codes, and both the NRI plugin (StopContainer) and an event subscriber
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import sqlite3
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -30,6 +34,7 @@ from tests.support.pods import (
     leftovers,
     log_text,
     pod_config,
+    processes_mentioning,
     wait_for,
 )
 from tests.support.registry import LocalRegistry
@@ -198,7 +203,6 @@ def test_restart_keeps_containers_and_reports_exits_from_downtime(
 
 
 def _pid(pods: Pods, cid: str) -> int:
-    import json
     return int(json.loads(pods.status(cid, verbose=True).info["info"])["pid"])
 
 
@@ -226,8 +230,6 @@ def test_container_gone_without_a_trace_is_exited_unknown(
 
 def _forget_in_runc(d: Daemon, cid: str) -> None:
     """Kill the container's processes and remove every record of it but pycrid's own."""
-    import shutil
-    import subprocess
     subprocess.run(["runc", f"--root={d.state}/runc", "kill", cid, "KILL"], check=True)
     wait_for(lambda: (Path(d.state) / "exits" / cid).exists(), 10, "the exit file")
     subprocess.run(["runc", f"--root={d.state}/runc", "delete", "--force", cid], check=False)
@@ -241,8 +243,6 @@ def test_orphans_without_records_are_swept_and_broken_rows_do_not_stop_start_up(
     container, bundle, snapshot and exit dir entry are orphans now) and another's row is
     corrupted: the restart removes every trace of the first, keeps the second's traces
     (its id is known, only unreadable) and reports the broken row in Status warnings."""
-    import sqlite3
-
     busybox = test_images.busybox.ref(registry)
     config = daemon_config(registry, test_images, tmp_path)
     with running_daemon(str(tmp_path), config) as d:
@@ -254,11 +254,8 @@ def test_orphans_without_records_are_swept_and_broken_rows_do_not_stop_start_up(
                                                           command=["sleep", "3600"]), pod)
         broken = pods.run_container(sid, container_config(busybox, "broken",
                                                           command=["sleep", "3600"]), pod)
-    db = sqlite3.connect(os.path.join(d.root, "metadata", "pycrid.db"))
-    with db:
-        db.execute("DELETE FROM containers WHERE id = ?", (orphan,))
-        db.execute("UPDATE containers SET record = '{not json' WHERE id = ?", (broken,))
-    db.close()
+    _sql(d, "DELETE FROM containers WHERE id = ?", orphan)
+    _sql(d, "UPDATE containers SET record = '{not json' WHERE id = ?", broken)
     with running_daemon(str(tmp_path), config) as d:
         pods = Pods(d.client)
         ids = {c.id for c in pods.rt.ListContainers(pb.ListContainersRequest(),
@@ -267,16 +264,12 @@ def test_orphans_without_records_are_swept_and_broken_rows_do_not_stop_start_up(
         assert "removed orphaned container " + orphan in d.log()
         for where in ("containers", "runc", "exits"):
             assert orphan not in os.listdir(os.path.join(d.state, where)), where
-        assert not [p for p in processes_of(orphan)], "the orphan's conmon or process lives"
+        assert not processes_mentioning(orphan), "the orphan's conmon lives"
         assert os.path.isdir(os.path.join(d.state, "containers", broken))  # not swept
         info = pods.rt.Status(pb.StatusRequest(verbose=True), timeout=10).info
         assert broken in info["warnings"] and "could not be read" in info["warnings"]
-        # Repair the row by hand (what an operator would do) is out of scope: drop it and
-        # let the next start sweep its traces too.
-    db = sqlite3.connect(os.path.join(d.root, "metadata", "pycrid.db"))
-    with db:
-        db.execute("DELETE FROM containers WHERE id = ?", (broken,))
-    db.close()
+    # The operator drops the unreadable row: the next start sweeps its traces too.
+    _sql(d, "DELETE FROM containers WHERE id = ?", broken)
     with running_daemon(str(tmp_path), config) as d:
         pods = Pods(d.client)
         assert "removed orphaned container " + broken in d.log()
@@ -284,17 +277,20 @@ def test_orphans_without_records_are_swept_and_broken_rows_do_not_stop_start_up(
         assert leftovers(d.root, d.state) == []
 
 
-def processes_of(cid: str) -> list[str]:
-    from tests.support.pods import processes_mentioning
-    return processes_mentioning(cid)
+def _sql(d: Daemon, statement: str, *args: str) -> None:
+    """Change the daemon's metadata database behind its back (the daemon is stopped)."""
+    db = sqlite3.connect(os.path.join(d.root, "metadata", "pycrid.db"))
+    try:
+        with db:
+            db.execute(statement, args)
+    finally:
+        db.close()
 
 
 def test_pod_whose_network_broke_while_down_goes_not_ready_after_restart(
         tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
     """The CNI CHECK of surviving pods runs once the daemon serves again; a pod whose eth0
     vanished fails it and stops being ready, with a STOPPED event, as if its pause died."""
-    import subprocess
-
     config = daemon_config(registry, test_images, tmp_path)
     with running_daemon(str(tmp_path), config) as d:
         pods = Pods(d.client)
@@ -320,5 +316,32 @@ def test_pod_whose_network_broke_while_down_goes_not_ready_after_restart(
 
 
 def json_info(pods: Pods, sid: str) -> dict[str, Any]:
-    import json
     return dict(json.loads(pods.pod_status(sid, verbose=True).info["info"]))
+
+
+def test_oom_kill_is_reported_from_the_cgroup_event(
+        tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
+    """A container over its memory limit is killed by the kernel; conmon sees the cgroup's
+    OOM event and the exit is recorded as OOMKilled (137), with a STOPPED event."""
+    busybox = test_images.busybox.ref(registry)
+    with running_daemon(str(tmp_path), daemon_config(registry, test_images, tmp_path)) as d:
+        d.client.pull(busybox)
+        pods = Pods(d.client)
+        sub = Subscriber(d.client)
+        try:
+            pod = pod_config()
+            sid = pods.run(pod)
+            hog = pods.run_container(sid, container_config(busybox, "hog", command=[
+                "sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.1; done; "
+                "x=$(head -c 268435456 /dev/zero | tr '\\0' a); sleep 3600"]), pod)
+            pods.rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+                container_id=hog, linux=pb.LinuxContainerResources(
+                    memory_limit_in_bytes=32 * 1024 * 1024)), timeout=30)
+            assert pods.exec(hog, ["touch", "/tmp/go"]).exit_code == 0
+            st = pods.wait_state(hog, pb.CONTAINER_EXITED)
+            assert (st.exit_code, st.reason) == (137, "OOMKilled")
+            sub.wait((hog, STOPPED))
+            pods.remove_pod(sid)
+        finally:
+            sub.close()
+        assert leftovers(d.root, d.state) == []
