@@ -345,3 +345,28 @@ def test_oom_kill_is_reported_from_the_cgroup_event(
         finally:
             sub.close()
         assert leftovers(d.root, d.state) == []
+
+
+def test_failing_exit_handler_is_retried_with_backoff_not_dropped(
+        tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
+    """The exit handler fails twice (fail point ``exit.handle#2``): the exit is retried
+    after 1 s and 2 s and then recorded; nothing is lost and no later exit is held up."""
+    busybox = test_images.busybox.ref(registry)
+    with running_daemon(str(tmp_path), daemon_config(registry, test_images, tmp_path),
+                        env={"PYCRID_FAILPOINTS": "exit.handle#2"}) as d:
+        d.client.pull(busybox)
+        pods = Pods(d.client)
+        pod = pod_config()
+        sid = pods.run(pod)
+        first = pods.run_container(sid, container_config(
+            busybox, "first", command=["sh", "-c", "exit 4"]), pod)
+        wait_for(lambda: d.log().count("will retry") == 1, 10, "the first failure")
+        assert pods.status(first).status.state == pb.CONTAINER_RUNNING  # not recorded yet
+        st = pods.wait_state(first, pb.CONTAINER_EXITED, timeout=15)
+        assert (st.exit_code, st.reason) == (4, "Error")
+        assert d.log().count("will retry") == 2
+        second = pods.run_container(sid, container_config(
+            busybox, "second", command=["sh", "-c", "exit 5"]), pod)
+        assert pods.wait_state(second, pb.CONTAINER_EXITED, timeout=5).exit_code == 5
+        pods.remove_pod(sid)
+        assert leftovers(d.root, d.state) == []

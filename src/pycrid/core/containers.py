@@ -381,6 +381,7 @@ class ContainerManager:
         StopContainer (once per container, whoever stops it first)."""
         if self.store.get(exit_.id) is None:
             return  # removed meanwhile
+        failpoint("exit.handle")
         self.record_exit(exit_)
         await self.nri.container_exited(exit_.id)
 
