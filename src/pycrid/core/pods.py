@@ -77,6 +77,8 @@ class PodManager:
         self.locks = locks
         self.nri = nri
         self.names = NameRegistrar("sandbox")
+        #: Pods whose pause is being killed on purpose (its exit is no news).
+        self._stopping: set[str] = set()
         os.makedirs(netns_dir, mode=0o711, exist_ok=True)
 
     def find(self, prefix: str, *, visible: bool = False) -> SandboxRecord:
@@ -171,14 +173,18 @@ class PodManager:
                 await self.containers.stop_locked(c.id, 0)
         await self.nri.stop_pod(sid)
         failpoint("sandbox.stop")
-        await self.controller.stop(sid)
+        self._stopping.add(sid)
+        try:
+            await self.controller.stop(sid)
+        finally:
+            self._stopping.discard(sid)
+        self._not_ready(sid)  # the pause is dead: before the network goes, not after
         failpoint("sandbox.stopped")
         rec = self.store.get(sid)
         if rec is not None and rec.netns:
             await self._detach(sid)
             failpoint("sandbox.detached")
             await asyncio.to_thread(remove_netns, rec.netns)
-        self._not_ready(sid)
 
     async def remove(self, prefix: str) -> None:
         try:
@@ -246,7 +252,8 @@ class PodManager:
         """From the exit monitor: the pause process ended, the pod is no longer ready."""
         rec = self.store.get(exit_.id)
         if rec is not None and rec.ready:
-            log.warning("pause process of pod %s exited with %d", rec.id, exit_.code)
+            if rec.id not in self._stopping:
+                log.warning("pause process of pod %s exited with %d", rec.id, exit_.code)
             self._not_ready(rec.id)
 
     def _not_ready(self, sid: str) -> None:
