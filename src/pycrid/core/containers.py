@@ -127,6 +127,9 @@ class ContainerManager:
         self.waiters = ExitWaiters(runtime.exit_of)
         self.min_oom_score_adj = own_oom_score_adj()
         self._stop_signalled: set[str] = set()
+        #: Containers whose StartContainer runs: their exit is handled after it (a process
+        #: that exits at once must not be STOPPED before it is STARTED).
+        self._starting: dict[str, asyncio.Event] = {}
         #: Containers being stopped for an NRI eviction, with the plugin's reason.
         self._evicted: dict[str, str] = {}
         os.makedirs(os.path.join(paths.state_dir, "containers"), mode=0o700, exist_ok=True)
@@ -270,7 +273,12 @@ class ContainerManager:
         async with self.nri.blocking_sync():
             rec = self.find(prefix)
             async with self.locks(rec.id).write():
-                await self._start_locked(rec.id)
+                done = self._starting[rec.id] = asyncio.Event()
+                try:
+                    await self._start_locked(rec.id)
+                finally:
+                    del self._starting[rec.id]
+                    done.set()
 
     async def _start_locked(self, cid: str) -> None:
         rec = self._current(cid)
@@ -379,6 +387,8 @@ class ContainerManager:
     async def handle_exit(self, exit_: Exit) -> None:
         """From the exit monitor (retried if it raises): record the exit, then NRI's
         StopContainer (once per container, whoever stops it first)."""
+        if (starting := self._starting.get(exit_.id)) is not None:
+            await starting.wait()  # the start's record, event and NRI hooks come first
         if self.store.get(exit_.id) is None:
             return  # removed meanwhile
         failpoint("exit.handle")

@@ -85,8 +85,6 @@ class CRIService:
         self.layout = layout
         self.exits = ExitWatcher(runtime.exit_dir, self._exit_file)
         self.monitor = ExitMonitor(self._handle_exit)
-        #: How long the last start-up recovery took, in seconds.
-        self.recovery_seconds = 0.0
         #: The CNI CHECKs of pods that survived the restart (after the gate opened).
         self._checks: asyncio.Task[None] | None = None
 
@@ -104,9 +102,8 @@ class CRIService:
         to_check = await self.pods.recover(states, self.monitor.submit)
         await self.containers.recover(states, self.monitor.submit)
         await self._sweep_orphans(set(states))
-        self.recovery_seconds = time.monotonic() - started
         log.info("recovered %d pods and %d containers in %.1f ms", len(self.pods.store.ids()),
-                 len(self.containers.store.ids()), self.recovery_seconds * 1000)
+                 len(self.containers.store.ids()), (time.monotonic() - started) * 1000)
         for oid, why in self.pods.store.broken + self.containers.store.broken:
             message = f"record {oid} could not be read and is ignored: {why}"
             log.error("%s", message)
