@@ -166,7 +166,8 @@ async def _init_cri(ctx: InitContext) -> Any:
         warnings=loaded.warnings,
         nri_config=ctx.get_by_id(NRI, "nri"),
     )
-    return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness())
+    return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness(),
+                     state_dir=ctx.properties["state"])
 
 
 def registry() -> Registry:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -13,7 +12,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.core.containers import labels_match, parse_signal
 from pycrid.errors import InvalidArgument
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
-from pycrid.runtime.conmon import _capped, _runc_message
+from pycrid.runtime.conmon import _CappedSink, _runc_message
 from pycrid.sandbox.pause import own_oom_score_adj, resolv_conf
 
 # ---- pause: resolv.conf and oom_score_adj --------------------------------------------
@@ -106,37 +105,20 @@ def test_runc_message_of_empty_output() -> None:
     assert _runc_message(b"") == ""
 
 
-async def test_capped_keeps_first_cap_bytes_and_drains() -> None:
-    reader = asyncio.StreamReader()
-    data = bytes(range(256)) * 1000  # 256000 bytes, several 64 KiB chunks
-    reader.feed_data(data)
-    reader.feed_eof()
-    assert await _capped(reader, 1000) == data[:1000]
-    assert reader.at_eof()
-    assert await reader.read() == b""
+async def test_capped_sink_keeps_first_cap_bytes() -> None:
+    sink = _CappedSink(1000)
+    data = bytes(range(256)) * 1000  # 256000 bytes in 64 KiB writes
+    for i in range(0, len(data), 65536):
+        await sink.write(data[i:i + 65536])
+    assert bytes(sink.data) == data[:1000]
 
 
-async def test_capped_short_stream_is_whole() -> None:
-    reader = asyncio.StreamReader()
-    reader.feed_data(b"hello")
-    reader.feed_eof()
-    assert await _capped(reader, 1000) == b"hello"
-
-
-async def test_capped_drains_a_writer_that_keeps_writing() -> None:
-    reader = asyncio.StreamReader()
-
-    async def produce() -> None:
-        for _ in range(10):
-            reader.feed_data(b"x" * 70000)
-            await asyncio.sleep(0)
-        reader.feed_eof()
-
-    producer = asyncio.create_task(produce())
-    got = await asyncio.wait_for(_capped(reader, 100_001), 1)
-    await producer
-    assert got == b"x" * 100_001
-    assert reader.at_eof()
+async def test_capped_sink_short_output_is_whole() -> None:
+    sink = _CappedSink(1000)
+    await sink.write(b"hel")
+    await sink.write(b"lo")
+    await sink.close()
+    assert bytes(sink.data) == b"hello"
 
 
 # ---- network namespaces --------------------------------------------------------------

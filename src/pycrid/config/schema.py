@@ -154,11 +154,35 @@ class RuntimeConfig:
     cni: CNIConfig = cfg(CNIConfig(), "Pod networking with CNI plugins.")
 
 
+def _port(v: Any) -> str | None:
+    return None if v.isdigit() and int(v) <= 65535 else "must be a port number (0: any free port)"
+
+
+def _host(v: Any) -> str | None:
+    return None if v and not any(c in v for c in "/ ") else "must be an IP address or host name"
+
+
+@dataclass
+class X509KeyPairConfig:
+    tls_cert_file: str = cfg("", "Certificate (PEM) of the streaming server.", _abs_or_empty)
+    tls_key_file: str = cfg("", "Its private key (PEM).", _abs_or_empty)
+
+
 @dataclass
 class CRIServerConfig:
-    """``[plugins."pycrid.grpc.v1.cri"]``."""
+    """``[plugins."pycrid.grpc.v1.cri"]``: containerd's server keys, streaming included."""
 
     disable_tcp_service: bool = cfg(True, "Do not serve CRI on [grpc] tcp_address.")
+    stream_server_address: str = cfg(
+        "127.0.0.1", "Address of the streaming server (exec, attach, port-forward URLs).", _host)
+    stream_server_port: str = cfg("0", "Its port; \"0\" picks a free one at start.", _port)
+    stream_idle_timeout: Duration = cfg(
+        Duration(4 * 3600), "A stream connection with no traffic for this long is closed.")
+    enable_tls_streaming: bool = cfg(
+        False, "Serve streams over HTTPS (with x509_key_pair_streaming, else a self-signed\n"
+        "certificate made at start).")
+    x509_key_pair_streaming: X509KeyPairConfig = cfg(X509KeyPairConfig(),
+                                                     "Certificate of the HTTPS streaming server.")
 
 
 @dataclass

@@ -29,6 +29,7 @@ from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI
 from pycrid.core.nri_objects import oci_resource_update, resources_from_cri
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
+from pycrid.core.sessions import SessionEnds
 from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from pycrid.faults import failpoint
 from pycrid.images.service import ImageService
@@ -132,6 +133,8 @@ class ContainerManager:
         self._starting: dict[str, asyncio.Event] = {}
         #: Containers being stopped for an NRI eviction, with the plugin's reason.
         self._evicted: dict[str, str] = {}
+        #: Exec and attach sessions (and, by pod id, port-forwards), ended with the object.
+        self.sessions = SessionEnds()
         os.makedirs(os.path.join(paths.state_dir, "containers"), mode=0o700, exist_ok=True)
         os.makedirs(os.path.join(paths.root_dir, "containers"), mode=0o700, exist_ok=True)
 
@@ -367,6 +370,7 @@ class ContainerManager:
         if rec.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_UNKNOWN):
             await self.stop_locked(cid, 0)
         self.store.update(cid, phase=REMOVING)
+        self.sessions.end(cid, f"container {cid} was removed")
         failpoint("container.remove")
         await self.cleanup(cid)
         failpoint("container.cleaned")
@@ -416,6 +420,7 @@ class ContainerManager:
         rec = self.store.update(cid, finished_at=at_ns, exit_code=code, reason=reason,
                                 message=message, pid=0)
         self.events.emit(events.STOPPED, cid, rec.sandbox_id)
+        self.sessions.end(cid, f"container {cid} exited with {code}")
 
     # ---- resources and evictions ----------------------------------------------------------
 

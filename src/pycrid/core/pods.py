@@ -262,6 +262,7 @@ class PodManager:
         if rec is not None and rec.ready:
             self.store.update(sid, phase="notready")
             self.events.emit(events.STOPPED, sid, sid)
+            self.containers.sessions.end(sid, f"pod sandbox {sid} stopped")
 
     async def recover(self, states: dict[str, dict[str, Any]],
                       submit: Callable[[Exit], None]) -> Sequence[str]:

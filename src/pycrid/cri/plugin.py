@@ -1,4 +1,5 @@
-"""The CRI gRPC plugin: builds the core and its servicers, gates calls until start-up is done."""
+"""The CRI gRPC plugin: builds the core, its servicers and the streaming server, and gates
+calls until start-up is done."""
 
 from __future__ import annotations
 
@@ -11,26 +12,43 @@ from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from pycrid.config.schema import CRIServerConfig
 from pycrid.core.service import CRIService
+from pycrid.core.streams import ContainerStreams
 from pycrid.cri.images import ImageServicer
 from pycrid.cri.instrument import Gate, instrumented_servicer
 from pycrid.cri.runtime import RuntimeServicer
+from pycrid.streaming.server import StreamServer
+from pycrid.streaming.tls import server_context
 
 log = logging.getLogger(__name__)
+
+#: The config section of this plugin.
+SECTION = "pycrid.grpc.v1.cri"
 
 
 class CRIPlugin:
     def __init__(self, *, core: CRIService, server_config: CRIServerConfig,
-                 ready: Callable[[], None]) -> None:
+                 ready: Callable[[], None], state_dir: str) -> None:
         self.server_config = server_config
         self.core = core
         self.gate = Gate()
         self._ready = ready
+        self.streams = ContainerStreams(core.containers, core.pods)
+        tls = None
+        if server_config.enable_tls_streaming:
+            pair = server_config.x509_key_pair_streaming
+            tls = server_context(pair.tls_cert_file, pair.tls_key_file, state_dir=state_dir,
+                                 address=server_config.stream_server_address,
+                                 section=f'plugins."{SECTION}"')
+        self.stream_server = StreamServer(
+            runtime=self.streams, address=server_config.stream_server_address,
+            port=int(server_config.stream_server_port),
+            idle_timeout=float(server_config.stream_idle_timeout), tls=tls)
 
     def register(self, server: grpc.aio.Server) -> None:
         services = pb.DESCRIPTOR.services_by_name
+        runtime = RuntimeServicer(self.core, self.streams, self.stream_server)
         pb_grpc.add_RuntimeServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            instrumented_servicer(services["RuntimeService"], RuntimeServicer(self.core),
-                                  self.gate), server)
+            instrumented_servicer(services["RuntimeService"], runtime, self.gate), server)
         pb_grpc.add_ImageServiceServicer_to_server(  # type: ignore[no-untyped-call]
             instrumented_servicer(services["ImageService"], ImageServicer(self.core), self.gate),
             server)
@@ -38,6 +56,7 @@ class CRIPlugin:
     async def start(self) -> None:
         """Recover, then open the gate: until here every call answered UNAVAILABLE."""
         await self.core.start()
+        await self.stream_server.start()
         self.gate.ready = True
         self._ready()
 
@@ -48,4 +67,5 @@ class CRIPlugin:
     async def close(self) -> None:
         # The parts are plugins of their own and are closed by the registry after us.
         self.gate.ready = False
+        await self.stream_server.aclose()  # ends every exec, attach and port-forward
         await self.core.aclose()

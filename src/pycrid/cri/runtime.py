@@ -9,14 +9,19 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.service import KUBE_API_VERSION, CRIService
+from pycrid.core.streams import ContainerStreams
 from pycrid.cri import pods as convert
+from pycrid.streaming.server import StreamServer
 
 
 class RuntimeServicer:
     """The RuntimeService methods pycrid implements; the rest answer UNIMPLEMENTED."""
 
-    def __init__(self, core: CRIService) -> None:
+    def __init__(self, core: CRIService, streams: ContainerStreams,
+                 stream_server: StreamServer) -> None:
         self.core = core
+        self.streams = streams
+        self.stream_server = stream_server
 
     async def Version(self, request: Any, context: Any) -> Any:
         name, version, api = self.core.version()
@@ -104,6 +109,22 @@ class RuntimeServicer:
         code, out, err = await self.core.containers.exec_sync(
             request.container_id, request.cmd, request.timeout)
         return pb.ExecSyncResponse(stdout=out, stderr=err, exit_code=code)
+
+    async def Exec(self, request: Any, context: Any) -> Any:
+        req = self.streams.exec_request(
+            request.container_id, request.cmd, tty=request.tty, stdin=request.stdin,
+            stdout=request.stdout, stderr=request.stderr)
+        return pb.ExecResponse(url=self.stream_server.url(req))
+
+    async def Attach(self, request: Any, context: Any) -> Any:
+        req = self.streams.attach_request(
+            request.container_id, tty=request.tty, stdin=request.stdin, stdout=request.stdout,
+            stderr=request.stderr)
+        return pb.AttachResponse(url=self.stream_server.url(req))
+
+    async def PortForward(self, request: Any, context: Any) -> Any:
+        req = self.streams.port_forward_request(request.pod_sandbox_id, request.port)
+        return pb.PortForwardResponse(url=self.stream_server.url(req))
 
     async def UpdateContainerResources(self, request: Any, context: Any) -> Any:
         await self.core.containers.update_resources(

@@ -10,6 +10,7 @@ socket opened inside it. No ``ip``/``unshare`` subprocess is needed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import ctypes.util
@@ -82,3 +83,50 @@ def is_pinned(path: str) -> bool:
         return os.stat(path).st_dev != os.stat(os.path.dirname(path)).st_dev
     except FileNotFoundError:
         return False
+
+
+def _socket_in(path: str, family: socket.AddressFamily) -> socket.socket:
+    """A TCP socket created inside the namespace pinned at ``path``: a socket belongs to
+    the namespace it was made in, so only its creation needs a thread that joined it."""
+    made: list[socket.socket] = []
+    failure: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns {path}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            made.append(socket.socket(family, socket.SOCK_STREAM))
+        except BaseException as e:
+            failure.append(e)
+
+    # The thread ends inside the pod's namespace; it never runs other work.
+    t = threading.Thread(target=create, name="netns-socket")
+    t.start()
+    t.join()
+    if failure:
+        raise failure[0]
+    return made[0]
+
+
+async def connect_in(path: str | None, port: int) -> socket.socket:
+    """A connection to ``localhost:port`` in the namespace at ``path`` (None: the
+    daemon's own), IPv4 first, then IPv6 (containerd's port-forward dials the same)."""
+    loop = asyncio.get_running_loop()
+    error: OSError | None = None
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        sock = (await asyncio.to_thread(_socket_in, path, family) if path
+                else socket.socket(family, socket.SOCK_STREAM))
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, (host, port))
+            return sock
+        except OSError as e:
+            sock.close()
+            error = error or e
+    assert error is not None
+    raise error

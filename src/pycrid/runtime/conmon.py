@@ -5,11 +5,11 @@ writes the CRI log and records the exit status in ``<exit dir>/<id>``. The
 daemon talks to conmon only at create time (the sync pipe gives the pid) and
 afterwards reads the exit files; everything else is a ``runc`` command.
 
-ExecSync does not use conmon: it runs ``runc exec`` as a child of the daemon
-(CRI-O's streaming exec does the same), which costs one process less than
-conmon's legacy exec and gives an exact timeout instead of conmon's 1 s
-granularity. The exec process is its own session leader (runc calls setsid),
-so on timeout its whole process group is killed.
+Exec does not use conmon: ``runc exec`` runs as a child of the daemon
+(CRI-O's streaming exec does the same; see :mod:`interactive`), which costs one
+process less than conmon's legacy exec and gives ExecSync an exact timeout
+instead of conmon's 1 s granularity. ExecSync is a streaming exec whose output
+goes to capped buffers.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ import tempfile
 from typing import Any
 
 from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, Unknown
+from pycrid.runtime import interactive
 from pycrid.runtime.exits import Exit, read_exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
+from pycrid.runtime.stdio import ProcessIO
 
 log = logging.getLogger(__name__)
 
@@ -186,70 +188,51 @@ class ConmonRuntime(ContainerRuntime):
 
     async def reopen_log(self, bundle: str) -> None:
         """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl."""
-        try:
-            fd = os.open(os.path.join(bundle, "ctl"), os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as e:  # ENXIO: conmon is gone, nobody reads the fifo
-            raise FailedPrecondition(f"container monitor is not running: {e.strerror}") from None
-        try:
-            os.write(fd, b"2 0 0\n")
-        finally:
-            os.close(fd)
+        if not interactive.write_ctl(bundle, "2 0 0\n"):
+            raise FailedPrecondition("container monitor (conmon) is not running")
 
     # ---- exec --------------------------------------------------------------------------
 
     async def exec_sync(self, object_id: str, process: dict[str, Any], *,
                         limit: float | None, output_cap: int) -> ExecResult:
+        out, err = _CappedSink(output_cap), _CappedSink(output_cap)
+        io = ProcessIO(tty=False, stdin=None, stdout=out, stderr=err, resize=None)
+        # On timeout the exec is cancelled, which kills its process group and runc.
+        rc = await asyncio.wait_for(self.exec_stream(object_id, process, io), limit)
+        stderr = bytes(err.data)
+        if rc == 255 and b"exec failed" in stderr:
+            # runc could not start the process at all: its own message is on stderr.
+            stderr = _runc_message(stderr).encode() + b"\n"
+        return ExecResult(rc, bytes(out.data), stderr)
+
+    async def exec_stream(self, object_id: str, process: dict[str, Any], io: ProcessIO) -> int:
         with tempfile.TemporaryDirectory(prefix="exec-", dir=self.socket_dir) as tmp:
             spec_path = os.path.join(tmp, "process.json")
             pid_path = os.path.join(tmp, "pid")
             with open(spec_path, "w") as f:
                 json.dump(process, f)
-            proc = await asyncio.create_subprocess_exec(
-                *self._runc_argv(), "exec", "--process", spec_path, "--pid-file", pid_path,
-                object_id,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
-            assert proc.stdout is not None and proc.stderr is not None
-            collect = asyncio.gather(_capped(proc.stdout, output_cap),
-                                     _capped(proc.stderr, output_cap), proc.wait())
-            try:
-                out, err, rc = await asyncio.wait_for(asyncio.shield(collect), limit)
-            except TimeoutError:
-                _kill_exec(pid_path, proc.pid)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(collect, 10)
-                raise
-            except BaseException:
-                _kill_exec(pid_path, proc.pid)
-                collect.cancel()
-                raise
-        if rc == 255 and not os.path.exists(pid_path) and b"exec failed" in err:
-            # runc could not start the process at all: its own message is on stderr.
-            err = _runc_message(err).encode() + b"\n"
-        return ExecResult(rc, out, err)
+            return await interactive.run_exec(
+                [*self._runc_argv(), "exec", "--process", spec_path, "--pid-file", pid_path,
+                 object_id], pid_path, io)
+
+    async def attach(self, bundle: str, io: ProcessIO) -> None:
+        await interactive.attach(bundle, io)
 
 
-def _kill_exec(pid_path: str, runc_pid: int) -> None:
-    """Kill the exec'd process group (runc made it a session leader), then runc."""
-    with contextlib.suppress(OSError, ValueError):
-        with open(pid_path) as f:
-            pid = int(f.read().strip())
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(runc_pid, signal.SIGKILL)
+class _CappedSink:
+    """Collects output up to ``cap`` bytes; containerd discards the excess silently."""
 
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
 
-async def _capped(stream: asyncio.StreamReader, cap: int) -> bytes:
-    """Read to EOF, keeping at most ``cap`` bytes (containerd discards the excess silently)."""
-    kept = bytearray()
-    while chunk := await stream.read(65536):
-        room = cap - len(kept)
+    async def write(self, data: bytes) -> None:
+        room = self.cap - len(self.data)
         if room > 0:
-            kept += chunk[:room]
-    return bytes(kept)
+            self.data += data[:room]
+
+    async def close(self) -> None:
+        pass
 
 
 async def _read_sync(fd: int) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid.runtime.exits import Exit
+from pycrid.runtime.stdio import ProcessIO
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,16 @@ class ContainerRuntime(abc.ABC):
     async def exec_sync(self, object_id: str, process: dict[str, Any], *,
                         limit: float | None, output_cap: int) -> ExecResult:
         """Run ``process`` in the container and collect its output (each stream capped)."""
+
+    @abc.abstractmethod
+    async def exec_stream(self, object_id: str, process: dict[str, Any], io: ProcessIO) -> int:
+        """Run ``process`` in the container wired to a client's stdio; its exit code.
+        Cancelling kills the process."""
+
+    @abc.abstractmethod
+    async def attach(self, bundle: str, io: ProcessIO) -> None:
+        """Join the container's main process stdio until its output ends; cancelling
+        detaches."""
 
     @abc.abstractmethod
     def exit_of(self, object_id: str) -> Exit | None:

@@ -1,0 +1,1 @@
+"""The streaming server: exec, attach and port-forward over SPDY and WebSocket."""

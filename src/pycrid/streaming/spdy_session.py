@@ -1,0 +1,174 @@
+"""An asyncio shell around the sans-IO SPDY codec: one task reads the connection,
+streams are objects with ``read``/``write``/``close``.
+
+Flow control: data the client sends is acknowledged (WINDOW_UPDATE) only once
+the consumer has read it, so a slow process holds back a fast client; writes
+wait for the client's window only when the client does flow control at all
+(see :mod:`pycrid.streaming.spdy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Mapping
+
+from pycrid.streaming import spdy
+from pycrid.streaming.transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+class SpdyStream:
+    def __init__(self, session: SpdySession, stream_id: int, headers: Mapping[str, str],
+                 remote_closed: bool) -> None:
+        self.session = session
+        self.id = stream_id
+        self.headers = dict(headers)
+        self._data: collections.deque[bytes] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._remote_closed = remote_closed
+        self._local_closed = False
+        self.reset = False
+
+    # -- from the session --
+
+    def _receive(self, data: bytes, fin: bool) -> None:
+        if data:
+            self._data.append(data)
+        if fin:
+            self._remote_closed = True
+        self._arrived.set()
+
+    def _end(self, reset: bool) -> None:
+        self.reset = self.reset or reset
+        self._remote_closed = True
+        if reset:
+            self._local_closed = True
+        self._arrived.set()
+
+    # -- for the user --
+
+    async def read(self) -> bytes:
+        """The next chunk from the client; ``b""`` at its FIN, a reset or the end of the
+        connection."""
+        while not self._data:
+            if self._remote_closed:
+                return b""
+            self._arrived.clear()
+            await self._arrived.wait()
+        data = self._data.popleft()
+        self.session.acknowledge(self.id, len(data))
+        return data
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not self._local_closed:
+            room = self.session.codec.send_window(self.id)
+            if room is not None and room <= 0:
+                await self.session.window_opened()
+                continue
+            chunk = view if room is None else view[:room]
+            self.session.codec.send_data(self.id, bytes(chunk))
+            view = view[len(chunk):]
+            await self.session.flush()
+        if view:
+            raise ConnectionResetError(f"stream {self.id} was closed")
+
+    async def close(self) -> None:
+        """FIN: the client reads the end of this stream."""
+        if not self._local_closed:
+            self._local_closed = True
+            with contextlib.suppress(spdy.ProtocolError):
+                self.session.codec.end_stream(self.id)
+            await self.session.flush()
+
+
+class SpdySession:
+    """A server-side SPDY connection: ``run`` reads it, ``accept`` yields the streams the
+    client opens (each already answered with SYN_REPLY, as the kubelet does)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.codec = spdy.SpdyConnection(client=False)
+        self.streams: dict[int, SpdyStream] = {}
+        self._opened: asyncio.Queue[SpdyStream | None] = asyncio.Queue()
+        self._window = asyncio.Event()
+        self.closed = False
+
+    async def run(self, initial: bytes = b"") -> None:
+        """Read frames until the client goes away; every stream then sees its end."""
+        try:
+            data = initial
+            while True:
+                if data:
+                    for event in self.codec.receive_data(data):
+                        self._dispatch(event)
+                    await self.flush()
+                data = await self.transport.read()
+                if not data:
+                    break
+        except spdy.ProtocolError as e:
+            log.info("SPDY client broke the protocol: %s", e)
+            with contextlib.suppress(Exception):
+                self.codec.go_away(spdy.PROTOCOL_ERROR)
+                await self.flush()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.closed = True
+            for stream in self.streams.values():
+                stream._end(reset=False)
+            self._opened.put_nowait(None)
+            self._window.set()
+
+    def _dispatch(self, event: spdy.Event) -> None:
+        if isinstance(event, spdy.StreamOpened):
+            stream = SpdyStream(self, event.stream_id, event.headers, event.fin)
+            self.streams[event.stream_id] = stream
+            self.codec.reply(event.stream_id)
+            self._opened.put_nowait(stream)
+        elif isinstance(event, spdy.DataReceived):
+            if (s := self.streams.get(event.stream_id)) is not None:
+                s._receive(event.data, event.fin)
+        elif isinstance(event, spdy.HeadersReceived):
+            if event.fin and (s := self.streams.get(event.stream_id)) is not None:
+                s._receive(b"", True)
+        elif isinstance(event, spdy.StreamReset):
+            if (s := self.streams.pop(event.stream_id, None)) is not None:
+                s._end(reset=True)
+        elif isinstance(event, spdy.WindowUpdated):
+            self._window.set()
+        elif isinstance(event, spdy.GoAwayReceived):
+            self._opened.put_nowait(None)
+
+    async def accept(self) -> SpdyStream | None:
+        """The next stream the client opened, or None once it can open no more."""
+        stream = await self._opened.get()
+        if stream is None:
+            self._opened.put_nowait(None)  # every later call sees the end too
+        return stream
+
+    def acknowledge(self, stream_id: int, n: int) -> None:
+        with contextlib.suppress(spdy.ProtocolError):
+            self.codec.acknowledge(stream_id, n)
+        self.transport.write(self.codec.data_to_send())
+
+    async def window_opened(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("connection closed")
+        self._window.clear()
+        await self._window.wait()
+
+    async def flush(self) -> None:
+        await self.transport.send(self.codec.data_to_send())
+
+    async def close(self) -> None:
+        """GOAWAY, then close the connection."""
+        if not self.transport.closing:
+            with contextlib.suppress(Exception):
+                self.codec.go_away(0)
+                await self.flush()
+        await self.transport.aclose()

@@ -1,0 +1,57 @@
+"""One client connection: reads, writes with back-pressure, and the idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+
+class Transport:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 idle_timeout: float) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_timeout = idle_timeout
+        self._last = time.monotonic()
+
+    @property
+    def closing(self) -> bool:
+        return self.writer.is_closing()
+
+    async def read(self) -> bytes:
+        """The next bytes; ``b""`` at EOF or once the connection is closed."""
+        try:
+            data = await self.reader.read(65536)
+        except (ConnectionError, OSError):
+            return b""
+        self._last = time.monotonic()
+        return data
+
+    def write(self, data: bytes) -> None:
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+            self._last = time.monotonic()
+
+    async def send(self, data: bytes) -> None:
+        """Write and wait until the kernel takes it (a slow client slows the writer)."""
+        if self.writer.is_closing():
+            raise ConnectionResetError("connection closed")
+        self.write(data)
+        await self.writer.drain()
+
+    async def watch_idle(self) -> None:
+        """Close the connection once nothing moved for ``idle_timeout`` (0: never)."""
+        if self.idle_timeout <= 0:
+            return
+        while not self.writer.is_closing():
+            left = self._last + self.idle_timeout - time.monotonic()
+            if left <= 0:
+                self.writer.close()
+                return
+            await asyncio.sleep(left)
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.writer.wait_closed(), 5)

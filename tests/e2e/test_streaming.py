@@ -1,0 +1,315 @@
+"""Exec, attach and port-forward end to end: the CRI call returns a URL, a test client
+speaks SPDY or WebSocket to it, and a real process in a real container answers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2 as pb
+
+from tests.support.daemon import Daemon, running_daemon
+from tests.support.images import TestImages
+from tests.support.pods import (
+    Pods,
+    command_lines,
+    container_config,
+    daemon_config,
+    pod_config,
+    wait_for,
+)
+from tests.support.registry import LocalRegistry
+from tests.support.streams import (
+    TRANSPORTS,
+    HTTPStatusError,
+    SpdyPortForward,
+    websocket_port_forward,
+)
+
+pytestmark = pytest.mark.e2e
+
+PAGE = "<html>hello from the pod</html>\n"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
+           test_images: TestImages) -> Iterator[Daemon]:
+    base = tmp_path_factory.mktemp("streaming")
+    with running_daemon(str(base), daemon_config(registry, test_images, base)) as d:
+        d.extra["busybox"] = test_images.busybox.ref(registry)
+        d.client.pull(d.extra["busybox"])
+        yield d
+
+
+@pytest.fixture(scope="module")
+def pod(daemon: Daemon) -> Iterator[tuple[Pods, str, Any, str]]:
+    """One pod with a long-running container and two web servers, shared by the tests
+    that only exec into it or forward to it."""
+    pods = Pods(daemon.client)
+    config = pod_config()
+    sid = pods.run(config)
+    cid = pods.run_container(sid, container_config(daemon.extra["busybox"], "main",
+                                                   command=["sleep", "3600"]), config)
+    for port in (8080, 8081):
+        script = (f"mkdir -p /www{port} && printf '{PAGE}' > /www{port}/index.html && "
+                  f"exec httpd -f -p {port} -h /www{port}")
+        pods.run_container(sid, container_config(daemon.extra["busybox"], f"web{port}",
+                                                 command=["sh", "-c", script]), config)
+    yield pods, sid, config, cid
+    pods.cleanup()
+
+
+def _exec_url(daemon: Daemon, cid: str, cmd: list[str], **kw: Any) -> str:
+    kw.setdefault("stdout", True)
+    return str(daemon.client.runtime.Exec(pb.ExecRequest(container_id=cid, cmd=cmd, **kw),
+                                          timeout=30).url)
+
+
+@pytest.mark.parametrize("transport", ["spdy", "websocket"])
+async def test_interactive_shell(daemon: Daemon, pod: Any, transport: str) -> None:
+    _, _, _, cid = pod
+    url = _exec_url(daemon, cid, ["sh"], stdin=True, stderr=True)
+    assert url.startswith("http://127.0.0.1:")
+    session = await TRANSPORTS[transport].start(url, stdin=True)
+    await session.write_stdin(b"echo hello; echo oops >&2\n")
+    await session.wait_output(lambda b: b"hello\n" in b)
+    await session.wait_output(lambda b: b"oops\n" in b, stream="err")
+    # The shell reads its input in blocks: type the next line only once it waits in read.
+    await session.write_stdin(b"echo waiting; read x; echo got:$x; exit 7\n")
+    await session.wait_output(lambda b: b"waiting\n" in b)
+    await session.write_stdin(b"typed\n")
+    result = await session.wait()
+    assert result.stdout == b"hello\nwaiting\ngot:typed\n"
+    assert result.stderr == b"oops\n"
+    assert result.exit_code == 7
+
+
+@pytest.mark.parametrize("transport", ["spdy", "websocket"])
+async def test_stdin_end_reaches_the_process(daemon: Daemon, pod: Any, transport: str) -> None:
+    _, _, _, cid = pod
+    url = _exec_url(daemon, cid, ["sh", "-c", "cat; echo done"], stdin=True)
+    session = await TRANSPORTS[transport].start(url, stdin=True, stderr=False)
+    await session.write_stdin(b"a" * 100_000)
+    await session.close_stdin()
+    result = await session.wait()
+    assert result.stdout == b"a" * 100_000 + b"done\n"
+    assert result.exit_code == 0
+
+
+@pytest.mark.parametrize("transport", ["spdy", "websocket"])
+async def test_tty_resize(daemon: Daemon, pod: Any, transport: str) -> None:
+    _, _, _, cid = pod
+    url = _exec_url(daemon, cid, ["sh"], stdin=True, tty=True)
+    session = await TRANSPORTS[transport].start(url, stdin=True, tty=True, stderr=False)
+    await session.resize(111, 33)
+    await session.write_stdin(b"stty size; echo term=$TERM\n")
+    await session.wait_output(lambda b: b"33 111" in b and b"term=xterm" in b)
+    await session.resize(80, 24)
+    await session.write_stdin(b"stty size; exit 3\n")
+    await session.wait_output(lambda b: b"24 80" in b)
+    result = await session.wait()
+    assert result.exit_code == 3
+
+
+async def test_older_spdy_protocols(daemon: Daemon, pod: Any) -> None:
+    """v2 and v3 clients get no status on success and the message on failure."""
+    _, _, _, cid = pod
+    spdy = TRANSPORTS["spdy"]
+    for protocol in ("v3.channel.k8s.io", "v2.channel.k8s.io", "channel.k8s.io"):
+        ok = await spdy.start(_exec_url(daemon, cid, ["echo", "hi"]), stdin=False,
+                              stderr=False, protocols=(protocol,))
+        assert ok.client.protocol == protocol
+        result = await ok.wait()
+        assert (result.stdout, result.error) == (b"hi\n", b"")
+        bad = await spdy.start(_exec_url(daemon, cid, ["sh", "-c", "exit 4"]), stdin=False,
+                               stderr=False, protocols=(protocol,))
+        result = await bad.wait()
+        assert b"exit code 4" in result.error
+
+
+@pytest.mark.parametrize("protocol", ["v4.channel.k8s.io", "v4.base64.channel.k8s.io",
+                                      "channel.k8s.io", "base64.channel.k8s.io"])
+async def test_websocket_protocols(daemon: Daemon, pod: Any, protocol: str) -> None:
+    _, _, _, cid = pod
+    url = _exec_url(daemon, cid, ["sh", "-c", "echo out; echo err >&2; exit 5"], stderr=True)
+    session = await TRANSPORTS["websocket"].start(url, protocols=(protocol,))
+    result = await session.wait()
+    assert (result.stdout, result.stderr) == (b"out\n", b"err\n")
+    if protocol.startswith("v4"):
+        assert result.exit_code == 5
+    else:
+        assert b"exit code 5" in result.error
+
+
+@pytest.mark.parametrize("transport", ["spdy", "websocket"])
+async def test_attach(daemon: Daemon, pod: Any, transport: str) -> None:
+    pods, sid, config, _ = pod
+    script = "echo ready; while read l; do echo got:$l; echo err:$l >&2; done"
+    cid = pods.run_container(sid, container_config(
+        daemon.extra["busybox"], f"attached-{transport}", command=["sh", "-c", script],
+        stdin=True, stdin_once=False), config)
+    try:
+        url = str(daemon.client.runtime.Attach(pb.AttachRequest(
+            container_id=cid, stdin=True, stdout=True, stderr=True), timeout=30).url)
+        session = await TRANSPORTS[transport].start(url, stdin=True)
+        await session.write_stdin(b"one\n")
+        await session.wait_output(lambda b: b"got:one\n" in b)
+        await session.wait_output(lambda b: b"err:one\n" in b, stream="err")
+        await session.close()
+        # Detaching leaves the container running; a second client is heard too.
+        assert pods.status(cid).status.state == pb.CONTAINER_RUNNING
+        url = str(daemon.client.runtime.Attach(pb.AttachRequest(
+            container_id=cid, stdin=True, stdout=True), timeout=30).url)
+        session = await TRANSPORTS[transport].start(url, stdin=True, stderr=False)
+        await session.write_stdin(b"two\n")
+        await session.wait_output(lambda b: b"got:two\n" in b)
+        pods.stop(cid)  # the container's end ends the attach, with success
+        result = await session.wait()
+        assert result.exit_code == 0
+    finally:
+        pods.remove(cid)
+
+
+async def test_port_forward_spdy(daemon: Daemon, pod: Any) -> None:
+    _, sid, _, _ = pod
+    url = str(daemon.client.runtime.PortForward(pb.PortForwardRequest(
+        pod_sandbox_id=sid, port=[8080]), timeout=30).url)
+    pf = await SpdyPortForward.connect(url)
+    try:
+        request = b"GET / HTTP/1.0\r\n\r\n"
+        # Several connections to two ports at once, on one SPDY connection.
+        results = await asyncio.gather(*(pf.request(port, request)
+                                         for port in (8080, 8081, 8080, 8081, 8080)))
+        for response, error in results:
+            assert error == b""
+            assert response.startswith(b"HTTP/1.") and response.endswith(PAGE.encode())
+        response, error = await pf.request(9, request)  # nothing listens there
+        assert response == b""
+        assert b"failed to connect to localhost:9" in error
+    finally:
+        await pf.close()
+
+
+@pytest.mark.parametrize("protocol", ["v4.channel.k8s.io", "v4.base64.channel.k8s.io"])
+async def test_port_forward_websocket(daemon: Daemon, pod: Any, protocol: str) -> None:
+    _, sid, _, _ = pod
+    for port in (8080, 8081):
+        url = str(daemon.client.runtime.PortForward(pb.PortForwardRequest(
+            pod_sandbox_id=sid, port=[port]), timeout=30).url)
+        data, error = await websocket_port_forward(url, port, b"GET / HTTP/1.0\r\n\r\n",
+                                                   protocol=protocol)
+        assert error == b""
+        assert data.startswith(b"HTTP/1.") and data.endswith(PAGE.encode())
+
+
+async def test_tokens_are_single_use(daemon: Daemon, pod: Any) -> None:
+    _, _, _, cid = pod
+    url = _exec_url(daemon, cid, ["true"])
+    first = await TRANSPORTS["spdy"].start(url, stdin=False, stderr=False)
+    assert (await first.wait()).exit_code == 0
+    for transport in ("spdy", "websocket"):
+        with pytest.raises(HTTPStatusError) as e:
+            await TRANSPORTS[transport].start(url, stdin=False, stderr=False)
+        assert e.value.status == 404
+    bogus = url.rsplit("/", 1)[0] + "/AAAAAAAA"
+    with pytest.raises(HTTPStatusError) as e:
+        await TRANSPORTS["spdy"].start(bogus, stdin=False)
+    assert e.value.status == 404
+    # An exec token is not an attach token.
+    other = _exec_url(daemon, cid, ["true"]).replace("/exec/", "/attach/")
+    with pytest.raises(HTTPStatusError) as e:
+        await TRANSPORTS["spdy"].start(other, stdin=False)
+    assert e.value.status == 404
+
+
+def test_bad_requests(daemon: Daemon, pod: Any) -> None:
+    pods, sid, config, cid = pod
+    rt = daemon.client.runtime
+    cases: list[tuple[Any, Any, grpc.StatusCode, str]] = [
+        (rt.Exec, pb.ExecRequest(container_id=cid, cmd=[], stdout=True),
+         grpc.StatusCode.INVALID_ARGUMENT, "command"),
+        (rt.Exec, pb.ExecRequest(container_id=cid, cmd=["sh"], tty=True, stdout=True,
+                                 stderr=True), grpc.StatusCode.INVALID_ARGUMENT, "tty and stderr"),
+        (rt.Exec, pb.ExecRequest(container_id=cid, cmd=["sh"]),
+         grpc.StatusCode.INVALID_ARGUMENT, "one of stdin, stdout, or stderr"),
+        (rt.Exec, pb.ExecRequest(container_id="nosuch", cmd=["sh"], stdout=True),
+         grpc.StatusCode.NOT_FOUND, "nosuch"),
+        (rt.Attach, pb.AttachRequest(container_id="nosuch", stdout=True),
+         grpc.StatusCode.NOT_FOUND, "nosuch"),
+        (rt.PortForward, pb.PortForwardRequest(pod_sandbox_id="nosuch", port=[80]),
+         grpc.StatusCode.NOT_FOUND, "nosuch"),
+        (rt.PortForward, pb.PortForwardRequest(pod_sandbox_id=sid, port=[70000]),
+         grpc.StatusCode.INVALID_ARGUMENT, "70000"),
+    ]
+    exited = pods.run_container(sid, container_config(daemon.extra["busybox"], "done",
+                                                      command=["true"]), config)
+    pods.wait_state(exited, pb.CONTAINER_EXITED)
+    cases.append((rt.Exec, pb.ExecRequest(container_id=exited, cmd=["sh"], stdout=True),
+                  grpc.StatusCode.FAILED_PRECONDITION, "EXITED"))
+    cases.append((rt.Attach, pb.AttachRequest(container_id=exited, stdout=True),
+                  grpc.StatusCode.FAILED_PRECONDITION, "EXITED"))
+    for call, request, code, text in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            call(request, timeout=30)
+        assert e.value.code() == code, (request, e.value.details())
+        assert text in e.value.details(), e.value.details()
+    pods.remove(exited)
+
+
+def _sleepers(marker: str) -> list[str]:
+    return [cmd for _, cmd in command_lines() if cmd == f"sleep {marker}"]
+
+
+@pytest.mark.parametrize("transport", ["spdy", "websocket"])
+async def test_client_disconnect_kills_the_exec(daemon: Daemon, pod: Any,
+                                                transport: str) -> None:
+    _, _, _, cid = pod
+    marker = "4242" if transport == "spdy" else "4343"
+    session = await TRANSPORTS[transport].start(
+        _exec_url(daemon, cid, ["sleep", marker], stdin=True), stdin=True, stderr=False)
+    await asyncio.to_thread(wait_for, lambda: _sleepers(marker), 15, "the exec to run")
+    await session.close()
+    await asyncio.to_thread(wait_for, lambda: not _sleepers(marker), 15,
+                            "the exec to be killed")
+
+
+async def test_removed_container_ends_the_exec_with_an_error(daemon: Daemon,
+                                                             pod: Any) -> None:
+    pods, sid, config, _ = pod
+    cid = pods.run_container(sid, container_config(daemon.extra["busybox"], "doomed",
+                                                   command=["sleep", "3600"]), config)
+    session = await TRANSPORTS["spdy"].start(
+        _exec_url(daemon, cid, ["sh", "-c", "trap '' TERM; sleep 4444"]), stdin=False,
+        stderr=False)
+    await asyncio.to_thread(wait_for, lambda: _sleepers("4444"), 15, "the exec to run")
+    await asyncio.to_thread(pods.remove, cid)
+    result = await session.wait(limit=30)
+    assert b"InternalError" in result.error or b"Failure" in result.error, result.error
+    assert cid.encode() in result.error
+    assert not _sleepers("4444")
+
+
+async def test_many_concurrent_execs(daemon: Daemon, pod: Any) -> None:
+    _, _, _, cid = pod
+    n = 20
+    started = time.monotonic()
+
+    async def one(i: int) -> bytes:
+        transport = "spdy" if i % 2 else "websocket"
+        url = await asyncio.to_thread(_exec_url, daemon, cid, ["sh", "-c", f"echo n{i}"])
+        result = await (await TRANSPORTS[transport].start(url, stdin=False,
+                                                          stderr=False)).wait()
+        assert result.exit_code == 0
+        return result.stdout
+
+    outputs = await asyncio.gather(*(one(i) for i in range(n)))
+    assert outputs == [f"n{i}\n".encode() for i in range(n)]
+    assert time.monotonic() - started < 120
+    # Every exec's temporary files are gone.
+    tmp = os.path.join(daemon.state, "conmon")
+    assert not [e for e in os.listdir(tmp) if e.startswith("exec-")]
