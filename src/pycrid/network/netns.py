@@ -20,10 +20,14 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from pycrid.errors import Internal
 from pycrid.images.mount import mount, unmount
 from pycrid.images.snapshots import Mount
+
+T = TypeVar("T")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _CLONE_NEWNET = 0x40000000
@@ -44,26 +48,42 @@ def create_netns(path: str) -> None:
     os.makedirs(os.path.dirname(path), mode=0o711, exist_ok=True)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDONLY, 0o444)
     os.close(fd)
-    failure: list[BaseException] = []
 
     def pin() -> None:
+        if _libc.unshare(_CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise Internal(f"unshare(CLONE_NEWNET): {os.strerror(err)}")
+        mount(Mount("bind", "/proc/thread-self/ns/net"), path)
+        _lo_up()
+
+    try:
+        _in_own_thread(pin, "netns-create")
+    except Internal:
+        remove_netns(path)
+        raise
+    except Exception as err:
+        remove_netns(path)
+        raise Internal(f"create netns {path}: {err}") from err
+
+
+def _in_own_thread(work: Callable[[], T], name: str) -> T:
+    """``work()`` in a thread of its own that ends with it: namespaces belong to threads,
+    and a thread that joined or made one must never run other work."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
         try:
-            if _libc.unshare(_CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise Internal(f"unshare(CLONE_NEWNET): {os.strerror(err)}")
-            mount(Mount("bind", "/proc/thread-self/ns/net"), path)
-            _lo_up()
+            result.append(work())
         except BaseException as e:
             failure.append(e)
 
-    # The thread ends inside the new namespace; it never runs other work.
-    t = threading.Thread(target=pin, name="netns-create")
+    t = threading.Thread(target=run, name=name)
     t.start()
     t.join()
     if failure:
-        remove_netns(path)
-        err = failure[0]
-        raise err if isinstance(err, Internal) else Internal(f"create netns {path}: {err}")
+        raise failure[0]
+    return result[0]
 
 
 def remove_netns(path: str) -> None:
@@ -88,29 +108,18 @@ def is_pinned(path: str) -> bool:
 def _socket_in(path: str, family: socket.AddressFamily) -> socket.socket:
     """A TCP socket created inside the namespace pinned at ``path``: a socket belongs to
     the namespace it was made in, so only its creation needs a thread that joined it."""
-    made: list[socket.socket] = []
-    failure: list[BaseException] = []
 
-    def create() -> None:
+    def create() -> socket.socket:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {path}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            made.append(socket.socket(family, socket.SOCK_STREAM))
-        except BaseException as e:
-            failure.append(e)
+            if _libc.setns(fd, _CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns {path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+        return socket.socket(family, socket.SOCK_STREAM)
 
-    # The thread ends inside the pod's namespace; it never runs other work.
-    t = threading.Thread(target=create, name="netns-socket")
-    t.start()
-    t.join()
-    if failure:
-        raise failure[0]
-    return made[0]
+    return _in_own_thread(create, "netns-socket")
 
 
 async def connect_in(path: str | None, port: int) -> socket.socket:
