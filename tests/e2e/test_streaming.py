@@ -20,6 +20,7 @@ from tests.support.pods import (
     command_lines,
     container_config,
     daemon_config,
+    log_text,
     pod_config,
     wait_for,
 )
@@ -47,11 +48,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
 
 
 @pytest.fixture(scope="module")
-def pod(daemon: Daemon) -> Iterator[tuple[Pods, str, Any, str]]:
+def pod(daemon: Daemon, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[tuple[Pods, str, Any, str]]:
     """One pod with a long-running container and two web servers, shared by the tests
     that only exec into it or forward to it."""
     pods = Pods(daemon.client)
-    config = pod_config()
+    config = pod_config(log_dir=str(tmp_path_factory.mktemp("streaming-logs")))
     sid = pods.run(config)
     cid = pods.run_container(sid, container_config(daemon.extra["busybox"], "main",
                                                    command=["sleep", "3600"]), config)
@@ -152,7 +154,7 @@ async def test_attach(daemon: Daemon, pod: Any, transport: str) -> None:
     script = "echo ready; while read l; do echo got:$l; echo err:$l >&2; done"
     cid = pods.run_container(sid, container_config(
         daemon.extra["busybox"], f"attached-{transport}", command=["sh", "-c", script],
-        stdin=True, stdin_once=False), config)
+        stdin=True, stdin_once=False, log_path=f"attached-{transport}.log"), config)
     try:
         url = str(daemon.client.runtime.Attach(pb.AttachRequest(
             container_id=cid, stdin=True, stdout=True, stderr=True), timeout=30).url)
@@ -171,6 +173,10 @@ async def test_attach(daemon: Daemon, pod: Any, transport: str) -> None:
         pods.stop(cid)  # the container's end ends the attach, with success
         result = await session.wait()
         assert result.exit_code == 0
+        # The container logged all along, attached or not.
+        log = os.path.join(config.log_directory, f"attached-{transport}.log")
+        assert log_text(log, "stdout") == "ready\ngot:one\ngot:two\n"
+        assert log_text(log, "stderr") == "err:one\nerr:two\n"
     finally:
         pods.remove(cid)
 

@@ -50,6 +50,7 @@ class SpdyClient:
         self.codec = spdy.SpdyConnection(client=True)
         self.streams: dict[int, _Stream] = {}
         self.goaway = asyncio.Event()
+        self.window = asyncio.Event()
         self._task = asyncio.create_task(self._run(leftover))
 
     @classmethod
@@ -93,6 +94,8 @@ class SpdyClient:
                         self._end(s)
                     elif isinstance(event, spdy.GoAwayReceived):
                         self.goaway.set()
+                    elif isinstance(event, spdy.WindowUpdated):
+                        self.window.set()
                 self._flush()
                 data = await self.reader.read(65536)
                 if not data:
@@ -121,9 +124,20 @@ class SpdyClient:
         return sid
 
     async def send(self, sid: int, data: bytes, *, fin: bool = False) -> None:
-        self.codec.send_data(sid, data, fin=fin)
-        self._flush()
-        await self.writer.drain()
+        """Send within the server's window (it does flow control; spdystream would not)."""
+        while True:
+            room = self.codec.send_window(sid)
+            n = len(data) if room is None else min(room, len(data))
+            if n or not data:
+                last = n == len(data)
+                self.codec.send_data(sid, data[:n], fin=fin and last)
+                self._flush()
+                await self.writer.drain()
+                data = data[n:]
+                if last:
+                    return
+            self.window.clear()
+            await asyncio.wait_for(self.window.wait(), 10)
 
     async def read(self, sid: int) -> bytes:
         return await self.streams[sid].data.get()
@@ -167,11 +181,20 @@ class CommandSession:
     out: bytearray
     err: bytearray
 
-    async def write_stdin(self, data: bytes) -> None: ...
-    async def close_stdin(self) -> None: ...
-    async def resize(self, width: int, height: int) -> None: ...
-    async def wait(self, limit: float = 30) -> CommandResult: ...
-    async def close(self) -> None: ...
+    async def write_stdin(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def close_stdin(self) -> None:
+        raise NotImplementedError
+
+    async def resize(self, width: int, height: int) -> None:
+        raise NotImplementedError
+
+    async def wait(self, limit: float = 30) -> CommandResult:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
 
     async def wait_output(self, pred: Callable[[bytes], bool], limit: float = 15,
                           stream: str = "out") -> bytes:

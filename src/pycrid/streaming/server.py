@@ -69,7 +69,7 @@ class StreamServer:
         self.port = port
         self.idle_timeout = idle_timeout
         self.tls = tls
-        self.tokens: TokenCache[StreamRequest] = tokens or TokenCache()
+        self.tokens: TokenCache[StreamRequest] = tokens if tokens is not None else TokenCache()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.base_url = ""
