@@ -2,21 +2,21 @@
 streams are objects with ``read``/``write``/``close``.
 
 Flow control: data the client sends is acknowledged (WINDOW_UPDATE) only once
-the consumer has read it, so a slow process holds back a fast client; writes
-wait for the client's window only when the client does flow control at all
-(see :mod:`pycrid.streaming.spdy`).
+the consumer has read it, and the reader stops reading the socket while a
+stream holds too much unread (clients built on spdystream ignore windows);
+writes wait for the client's window only when the client does flow control at
+all (see :mod:`pycrid.streaming.spdy`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 from collections.abc import Mapping
 
 from pycrid.streaming import spdy
-from pycrid.streaming.transport import Transport
+from pycrid.streaming.transport import Inbox, Transport
 
 log = logging.getLogger(__name__)
 
@@ -27,40 +27,33 @@ class SpdyStream:
         self.session = session
         self.id = stream_id
         self.headers = dict(headers)
-        self._data: collections.deque[bytes] = collections.deque()
-        self._arrived = asyncio.Event()
-        self._remote_closed = remote_closed
+        self.inbox = Inbox()
+        if remote_closed:
+            self.inbox.end()
         self._local_closed = False
         self.reset = False
 
     # -- from the session --
 
     def _receive(self, data: bytes, fin: bool) -> None:
-        if data:
-            self._data.append(data)
+        self.inbox.put(data)
         if fin:
-            self._remote_closed = True
-        self._arrived.set()
+            self.inbox.end()
 
     def _end(self, reset: bool) -> None:
         self.reset = self.reset or reset
-        self._remote_closed = True
         if reset:
             self._local_closed = True
-        self._arrived.set()
+        self.inbox.end()
 
     # -- for the user --
 
     async def read(self) -> bytes:
         """The next chunk from the client; ``b""`` at its FIN, a reset or the end of the
         connection."""
-        while not self._data:
-            if self._remote_closed:
-                return b""
-            self._arrived.clear()
-            await self._arrived.wait()
-        data = self._data.popleft()
-        self.session.acknowledge(self.id, len(data))
+        data = await self.inbox.get()
+        if data:
+            self.session.consumed(self.id, len(data))
         return data
 
     async def write(self, data: bytes) -> None:
@@ -96,6 +89,7 @@ class SpdySession:
         self.streams: dict[int, SpdyStream] = {}
         self._opened: asyncio.Queue[SpdyStream | None] = asyncio.Queue()
         self._window = asyncio.Event()
+        self._room = asyncio.Event()
         self.closed = False
 
     async def run(self, initial: bytes = b"") -> None:
@@ -107,6 +101,9 @@ class SpdySession:
                     for event in self.codec.receive_data(data):
                         self._dispatch(event)
                     await self.flush()
+                while any(s.inbox.full for s in self.streams.values()):
+                    self._room.clear()
+                    await self._room.wait()
                 data = await self.transport.read()
                 if not data:
                     break
@@ -151,10 +148,12 @@ class SpdySession:
             self._opened.put_nowait(None)  # every later call sees the end too
         return stream
 
-    def acknowledge(self, stream_id: int, n: int) -> None:
-        with contextlib.suppress(spdy.ProtocolError):
+    def consumed(self, stream_id: int, n: int) -> None:
+        """The reader took ``n`` bytes: open the client's window, let the reader go on."""
+        with contextlib.suppress(spdy.ProtocolError, ValueError):
             self.codec.acknowledge(stream_id, n)
         self.transport.write(self.codec.data_to_send())
+        self._room.set()
 
     async def window_opened(self) -> None:
         if self.closed:

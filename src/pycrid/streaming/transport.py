@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 
@@ -55,3 +56,43 @@ class Transport:
         self.writer.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.writer.wait_closed(), 5)
+
+
+#: A stream or channel holding this many unread bytes stops the connection's reader:
+#: neither WebSocket nor the SPDY clients in use (spdystream ignores windows) would
+#: otherwise slow a client that sends faster than the process reads.
+BUFFER_LIMIT = 1 << 20
+
+
+class Inbox:
+    """The bytes received for one stream or channel, read in order; ``b""`` once ended."""
+
+    def __init__(self) -> None:
+        self._data: collections.deque[bytes] = collections.deque()
+        self._arrived = asyncio.Event()
+        self.ended = False
+        self.buffered = 0
+
+    @property
+    def full(self) -> bool:
+        return self.buffered > BUFFER_LIMIT
+
+    def put(self, data: bytes) -> None:
+        if data and not self.ended:
+            self._data.append(data)
+            self.buffered += len(data)
+            self._arrived.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self._arrived.set()
+
+    async def get(self) -> bytes:
+        while not self._data:
+            if self.ended:
+                return b""
+            self._arrived.clear()
+            await self._arrived.wait()
+        data = self._data.popleft()
+        self.buffered -= len(data)
+        return data

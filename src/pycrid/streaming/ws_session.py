@@ -9,7 +9,6 @@ unread bytes (WebSocket has no flow control of its own).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 
 from wsproto import WSConnection
@@ -23,46 +22,21 @@ from wsproto.events import (
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from pycrid.streaming.channels import ChannelClose, ChannelCodec, ChannelError
-from pycrid.streaming.transport import Transport
+from pycrid.streaming.transport import Inbox, Transport
 
 log = logging.getLogger(__name__)
-
-BUFFER_LIMIT = 1 << 20
 
 
 class WebSocketChannel:
     def __init__(self, session: WebSocketSession, number: int) -> None:
         self.session = session
         self.number = number
-        self._data: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
-        self._arrived = asyncio.Event()
-        self.eof = False
-
-    def _receive(self, data: bytes) -> None:
-        if data:
-            self._data.append(data)
-            self._buffered += len(data)
-            self._arrived.set()
-
-    def _end(self) -> None:
-        self.eof = True
-        self._arrived.set()
-
-    @property
-    def full(self) -> bool:
-        return self._buffered > BUFFER_LIMIT
+        self.inbox = Inbox()
 
     async def read(self) -> bytes:
         """The next message's payload; ``b""`` when the client closed the channel (v5) or
         the connection."""
-        while not self._data:
-            if self.eof:
-                return b""
-            self._arrived.clear()
-            await self._arrived.wait()
-        data = self._data.popleft()
-        self._buffered -= len(data)
+        data = await self.inbox.get()
         self.session.drained()
         return data
 
@@ -97,7 +71,7 @@ class WebSocketSession:
                 if data:
                     self.ws.receive_data(data)
                     await self._handle_events()
-                while any(c.full for c in self.channels.values()):
+                while any(c.inbox.full for c in self.channels.values()):
                     self._room.clear()
                     await self._room.wait()
                 if self.closed:
@@ -112,7 +86,7 @@ class WebSocketSession:
         finally:
             self.closed = True
             for channel in self.channels.values():
-                channel._end()
+                channel.inbox.end()
 
     async def _handle_events(self) -> None:
         for event in self.ws.events():
@@ -127,9 +101,9 @@ class WebSocketSession:
                 self._parts = []
                 decoded = self.codec.decode(message)
                 if isinstance(decoded, ChannelClose):
-                    self.channel(decoded.channel)._end()
+                    self.channel(decoded.channel).inbox.end()
                 else:
-                    self.channel(decoded.channel)._receive(decoded.data)
+                    self.channel(decoded.channel).inbox.put(decoded.data)
             elif isinstance(event, Ping):
                 await self.transport.send(self.ws.send(event.response()))
             elif isinstance(event, CloseConnection):
