@@ -49,13 +49,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from cri_api.v1 import api_pb2 as pb
 from tests.support.pods import container_cgroups, container_config, leftovers, pod_config
 from tests.support.streams import SpdyCommand, SpdyPortForward, WebSocketCommand
 
 from bench.pods import WORKER_ENV, Env, _sigterm, check_host, cri_env, supervise
-from pycrid.streaming import channels
 
 PROG = "bench.streaming"
 MIB = 1 << 20
@@ -69,40 +67,7 @@ STEP_TIMEOUT = 30.0
 
 
 # ---------------------------------------------------------------------------
-# Clients that say when output arrives (the test clients' wait_output polls every 20 ms)
-
-
-class NotifyingSpdy(SpdyCommand):
-    def __init__(self, *args: Any) -> None:
-        self.arrived = asyncio.Event()
-        super().__init__(*args)
-
-    async def _pump(self, kind: str, buf: bytearray) -> None:
-        while chunk := await self.client.read(self.ids[kind]):
-            buf += chunk
-            self.arrived.set()
-        self.arrived.set()
-
-
-class NotifyingWebSocket(WebSocketCommand):
-    def __init__(self, *args: Any) -> None:
-        self.arrived = asyncio.Event()
-        super().__init__(*args)
-
-    async def _read(self) -> None:
-        async for msg in self.ws:
-            if msg.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
-                break
-            decoded = self.codec.decode(msg.data)
-            if isinstance(decoded, channels.ChannelClose):
-                self.closed_channels.add(decoded.channel)
-                continue
-            target = {channels.STDOUT: self.out, channels.STDERR: self.err,
-                      channels.ERROR: self.error}.get(decoded.channel)
-            if target is not None:
-                target += decoded.data
-                self.arrived.set()
-        self.arrived.set()
+# Round trips (the test clients set ``arrived`` whenever output comes in)
 
 
 class EchoClient:
@@ -265,10 +230,10 @@ def exec_url(env: Env, cid: str, cmd: list[str], **kw: Any) -> str:
 
 async def measure_latency(env: Env, cid: str, n: int, warmup: int, short_execs: int,
                           result: dict[str, Any]) -> None:
-    spdy = await NotifyingSpdy.start(exec_url(env, cid, ["sh"], stdin=True, stderr=True),
-                                     stdin=True, protocols=(SPDY_PROTOCOL,))
-    ws = await NotifyingWebSocket.start(exec_url(env, cid, ["sh"], stdin=True, stderr=True),
-                                        protocols=(WS_PROTOCOL,))
+    spdy = await SpdyCommand.start(exec_url(env, cid, ["sh"], stdin=True, stderr=True),
+                                   stdin=True, protocols=(SPDY_PROTOCOL,))
+    ws = await WebSocketCommand.start(exec_url(env, cid, ["sh"], stdin=True, stderr=True),
+                                      protocols=(WS_PROTOCOL,))
     server = await asyncio.start_server(_echo_handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     echo = EchoClient(*await asyncio.open_connection("127.0.0.1", port))

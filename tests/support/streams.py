@@ -180,6 +180,8 @@ class CommandSession:
 
     out: bytearray
     err: bytearray
+    #: Set whenever output arrives (and at the end); whoever waits clears it first.
+    arrived: asyncio.Event
 
     async def write_stdin(self, data: bytes) -> None:
         raise NotImplementedError
@@ -200,18 +202,22 @@ class CommandSession:
                           stream: str = "out") -> bytes:
         deadline = asyncio.get_running_loop().time() + limit
         while True:
+            self.arrived.clear()
             buf = bytes(self.out if stream == "out" else self.err)
             if pred(buf):
                 return buf
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"output never matched; got {buf!r}")
-            await asyncio.sleep(0.02)
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), max(remaining, 0))
+            except TimeoutError:
+                raise TimeoutError(f"output never matched; got {buf!r}") from None
 
 
 class SpdyCommand(CommandSession):
     def __init__(self, client: SpdyClient, ids: dict[str, int]) -> None:
         self.client, self.ids = client, ids
         self.out, self.err = bytearray(), bytearray()
+        self.arrived = asyncio.Event()
         self._pumps = [asyncio.create_task(self._pump(k, buf)) for k, buf in
                        (("stdout", self.out), ("stderr", self.err)) if k in ids]
         self._error = asyncio.create_task(client.read_all(ids["error"]))
@@ -235,6 +241,8 @@ class SpdyCommand(CommandSession):
     async def _pump(self, kind: str, buf: bytearray) -> None:
         while chunk := await self.client.read(self.ids[kind]):
             buf += chunk
+            self.arrived.set()
+        self.arrived.set()
 
     async def write_stdin(self, data: bytes) -> None:
         await self.client.send(self.ids["stdin"], data)
@@ -263,6 +271,7 @@ class WebSocketCommand(CommandSession):
                  codec: channels.ChannelCodec) -> None:
         self.http, self.ws, self.codec = http, ws, codec
         self.out, self.err, self.error = bytearray(), bytearray(), bytearray()
+        self.arrived = asyncio.Event()
         self.closed_channels: set[int] = set()
         self._reader = asyncio.create_task(self._read())
 
@@ -290,6 +299,8 @@ class WebSocketCommand(CommandSession):
                       channels.ERROR: self.error}.get(decoded.channel)
             if target is not None:
                 target += decoded.data
+                self.arrived.set()
+        self.arrived.set()
 
     async def _send(self, channel: int, data: bytes) -> None:
         payload = self.codec.encode(channel, data)

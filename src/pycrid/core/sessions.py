@@ -36,9 +36,6 @@ class SessionEnds:
             if not ended.done():
                 ended.set_result(why)
 
-    def count(self, object_id: str) -> int:
-        return len(self._open.get(object_id, ()))
-
 
 async def until_ended(work: Awaitable[T], ended: asyncio.Future[str]) -> T:
     """``work``'s result, unless ``ended`` comes first: then ``work`` is cancelled (which

@@ -70,6 +70,7 @@ async def serve_spdy(runtime: StreamRuntime, sandbox_id: str, session: SpdySessi
             setattr(pair, kind, stream)
             if pair.data is not None and pair.error is not None:
                 pair.done.set()
+                del pairs[rid]
                 tg.create_task(_forward(runtime, sandbox_id, int(port_text), pair))
         for pair in pairs.values():
             pair.done.set()  # the connection is gone: no pair can complete any more

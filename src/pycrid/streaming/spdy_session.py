@@ -31,7 +31,6 @@ class SpdyStream:
         if remote_closed:
             self.inbox.end()
         self._local_closed = False
-        self.reset = False
 
     # -- from the session --
 
@@ -39,12 +38,18 @@ class SpdyStream:
         self.inbox.put(data)
         if fin:
             self.inbox.end()
+            self._forget_if_done()
 
     def _end(self, reset: bool) -> None:
-        self.reset = self.reset or reset
         if reset:
             self._local_closed = True
         self.inbox.end()
+
+    def _forget_if_done(self) -> None:
+        """Both sides closed: the session stops tracking it (a port-forward connection
+        opens two streams per forwarded connection, for hours)."""
+        if self._local_closed and self.inbox.ended:
+            self.session.streams.pop(self.id, None)
 
     # -- for the user --
 
@@ -76,6 +81,7 @@ class SpdyStream:
             self._local_closed = True
             with contextlib.suppress(spdy.ProtocolError):
                 self.session.codec.end_stream(self.id)
+            self._forget_if_done()
             await self.session.flush()
 
 
