@@ -129,12 +129,23 @@ async def _init_nri_config(ctx: InitContext) -> Any:
 
 
 async def _init_runc(ctx: InitContext) -> Any:
+    # One runc (root, binary) per runtime handler, routed by object id.
+    import dataclasses
+
     from pycrid.runtime.conmon import ConmonRuntime
+    from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
-    return ConmonRuntime(state_dir=ctx.properties["state"], runc=config.runtime_path,
-                         conmon=config.conmon_path,
-                         systemd_cgroup=config.cgroup_driver == "systemd")
+    state = ctx.properties["state"]
+    handlers = load_handlers(config, state)
+    runtimes: dict[str, ConmonRuntime] = {}
+    for name, spec in handlers.items():
+        runtimes[name] = ConmonRuntime(state_dir=state, runc=spec.runc_binary,
+                                       conmon=config.conmon_path, runc_root=spec.runc_root,
+                                       systemd_cgroup=config.cgroup_driver == "systemd")
+        handlers[name] = dataclasses.replace(
+            spec, features=await probe_features(runtimes[name].runc))
+    return RuntimeRouter(runtimes, config.default_runtime_name, handlers)
 
 
 async def _init_podsandbox(ctx: InitContext) -> Any:
@@ -142,9 +153,11 @@ async def _init_podsandbox(ctx: InitContext) -> Any:
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     images = ctx.get_by_id(CRI, "images")
-    return PauseController(runtime=ctx.get_by_id(RUNTIME, "runc"),
+    runtime = ctx.get_by_id(RUNTIME, "runc")
+    return PauseController(runtime=runtime, handlers=runtime.handlers,
                            snapshotter=images.snapshotter, root_dir=ctx.properties["root"],
                            state_dir=ctx.properties["state"],
+                           unset_seccomp_profile=config.unset_seccomp_profile,
                            cgroup_driver="systemd" if config.cgroup_driver == "systemd"
                            else "cgroupfs")
 
@@ -154,11 +167,13 @@ async def _init_cri(ctx: InitContext) -> Any:
     from pycrid.cri.plugin import CRIPlugin
 
     loaded: LoadedConfig = ctx.properties["loaded_config"]
+    runtime = ctx.get_by_id(RUNTIME, "runc")
     core = build_core(
         db=ctx.get_by_id(METADATA, "sqlite"),
         images=ctx.get_by_id(CRI, "images"),
         runtime_config=ctx.get_by_id(CRI, "runtime"),
-        runtime=ctx.get_by_id(RUNTIME, "runc"),
+        runtime=runtime,
+        handlers=runtime.handlers,
         controller=ctx.get_by_id(SANDBOX, "podsandbox"),
         root=ctx.properties["root"],
         state=ctx.properties["state"],

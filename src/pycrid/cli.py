@@ -62,6 +62,9 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("pycrid").error("invalid configuration: %s", e)
         return 2
     except PycridError as e:
+        if isinstance(e.__cause__, ConfigError):  # a plugin's own config check
+            logging.getLogger("pycrid").error("invalid configuration: %s", e)
+            return 2
         logging.getLogger("pycrid").error("%s", e)
         return 1
     return 0

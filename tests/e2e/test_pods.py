@@ -424,6 +424,9 @@ def test_reopen_container_log(daemon: Daemon, pods: Pods, clean: None, tmp_path:
     new = log_text(str(log)).split()
     assert int(new[1]) > int(old[1])
     pods.stop(cid)
+    os.rename(log, tmp_path / "t.log.2")
     with pytest.raises(grpc.RpcError) as e:
         pods.rt.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid), timeout=10)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not running" in str(e.value.details())
+    assert not log.exists()  # refused without creating a file (containerd's choice)

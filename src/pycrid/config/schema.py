@@ -127,14 +127,43 @@ class CNIConfig:
 
 
 @dataclass
+class RuntimeHandlerOptions:
+    """``[...runtimes.NAME.options]``: containerd's runc options that pycrid honours."""
+
+    BinaryName: str = cfg("", "This handler's runc binary (empty: the section's runtime_path).",
+                          _abs_or_empty)
+    Root: str = cfg("", "This handler's runc state root (empty: <state>/runc for the default\n"
+                    "handler, <state>/runc-NAME for the others).", _abs_or_empty)
+
+
+@dataclass
 class RuntimeHandlerConfig:
     """One runtime handler (RuntimeClass): ``[plugins."pycrid.cri.v1.runtime".runtimes.NAME]``."""
 
     runtime_type: str = cfg("io.containerd.runc.v2", "Only runc (watched by conmon) for now.",
                             one_of("io.containerd.runc.v2"))
+    options: RuntimeHandlerOptions = cfg(RuntimeHandlerOptions(), "runc binary and root.")
+    snapshotter: str = cfg("", "Snapshotter of this handler's containers (empty: the images\n"
+                           "section's; only overlayfs exists).", one_of("", "overlayfs"))
+    base_runtime_spec: str = cfg(
+        "", "An OCI spec (JSON) that replaces the built-in default spec of this handler's\n"
+        "pods and containers; read at start.", _abs_or_empty)
+    privileged_without_host_devices: bool = cfg(
+        False, "Privileged containers of this handler get no host devices.")
+    pod_annotations: list[str] = cfg(
+        [], "Pod annotations (glob patterns) copied into the OCI spec of the pause and\n"
+        "app containers.")
+    container_annotations: list[str] = cfg(
+        [], "Container annotations (glob patterns) copied into the container's OCI spec.")
     cni_conf_dir: str = cfg("", "This handler's own CNI config dir (empty: the [cni] one).",
                             _abs_or_empty)
     cni_max_conf_num: int = cfg(1, "max_conf_num for cni_conf_dir (0: all).", at_least(0))
+
+
+def _seccomp_profile(v: Any) -> str | None:
+    ok = v in ("", "runtime/default", "docker/default", "unconfined") or (
+        isinstance(v, str) and v.startswith("localhost/") and len(v) > len("localhost/"))
+    return None if ok else "must be runtime/default, docker/default, unconfined or localhost/<path>"
 
 
 @dataclass
@@ -152,6 +181,21 @@ class RuntimeConfig:
         {"runc": RuntimeHandlerConfig()}, "Runtime handlers by name (RunPodSandbox's\n"
         "runtime_handler).")
     cni: CNIConfig = cfg(CNIConfig(), "Pod networking with CNI plugins.")
+    unset_seccomp_profile: str = cfg(
+        "", "Seccomp profile of pods and containers whose request names none: \"\" (no\n"
+        "filter), runtime/default, docker/default, unconfined or localhost/<path>.",
+        _seccomp_profile)
+    stats_collect_period: Duration = cfg(
+        Duration(10), "How often one background pass samples the cgroups, writable layers and\n"
+        "pod networks that the stats and metrics calls answer from.", at_least(0.1))
+    disable_hugetlb_controller: bool = cfg(
+        True, "Ignore CRI hugepage_limits (containerd's key; the kubelet's own cgroups\n"
+        "hold the pod's hugetlb limits).")
+    tolerate_missing_hugetlb_controller: bool = cfg(
+        True, "With the hugetlb controller enabled here but absent on the host, drop\n"
+        "hugepage_limits instead of refusing the container.")
+    pids_limit: int = cfg(0, "pids.max of every container (CRI-O's key; 0: no limit).",
+                          at_least(0))
 
 
 def _port(v: Any) -> str | None:

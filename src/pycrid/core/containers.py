@@ -18,7 +18,7 @@ import secrets
 import shutil
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +27,21 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.core import events
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI
-from pycrid.core.nri_objects import oci_resource_update, resources_from_cri
+from pycrid.core.nri_objects import resources_from_cri
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
 from pycrid.core.sessions import SessionEnds
 from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from pycrid.faults import failpoint
 from pycrid.images.service import ImageService
+from pycrid.oci.resources import (
+    ResourcePolicy,
+    apply,
+    cri_from_nri,
+    record_of,
+    update_payload,
+    validate,
+)
+from pycrid.oci.security import host_security, own_capabilities
 from pycrid.oci.spec import CgroupDriver, container_spec
 from pycrid.runtime.bundle import (
     copy_image_volume,
@@ -42,8 +51,10 @@ from pycrid.runtime.bundle import (
     remove_bundle,
     write_spec,
 )
+from pycrid.runtime.cgroups import probe as probe_cgroups
 from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.exits import Exit, ExitWaiters
+from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
@@ -53,8 +64,6 @@ log = logging.getLogger(__name__)
 
 #: ExecSync keeps at most this much of each stream (containerd's limit).
 EXEC_OUTPUT_CAP = 16 * 1024 * 1024
-#: A pure cgroup v2 host (containers then get their own cgroup namespace, §2.14).
-CGROUP_V2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 #: How long to wait for an exit after SIGKILL before calling the container lost.
 KILL_WAIT = 30.0
 #: How many containers start-up recovery works on at once.
@@ -113,7 +122,11 @@ class ContainerManager:
                  sandboxes: RecordStore[SandboxRecord], controller: SandboxController,
                  runtime: ContainerRuntime, images: ImageService, paths: ContainerPaths,
                  locks: KeyedLocks, nri: NRI, events: ContainerEvents,
-                 cgroup_driver: CgroupDriver = "auto") -> None:
+                 cgroup_driver: CgroupDriver = "auto",
+                 handlers: Mapping[str, HandlerSpec] | None = None,
+                 default_handler: str = "runc",
+                 resource_policy: ResourcePolicy | None = None,
+                 unset_seccomp_profile: str = "") -> None:
         self.store = store
         self.events = events
         self.sandboxes = sandboxes
@@ -124,9 +137,18 @@ class ContainerManager:
         self.locks = locks
         self.nri = nri
         self.cgroup_driver = cgroup_driver
+        #: Host cgroup facts (probed once, here at start) and the resource config keys.
+        self.resource_policy = resource_policy or ResourcePolicy(probe_cgroups())
+        #: Spec options and features of each runtime handler, by name.
+        self.handlers = dict(handlers or {})
+        self.default_handler = default_handler
         self.names = NameRegistrar("container")
         self.waiters = ExitWaiters(runtime.exit_of)
         self.min_oom_score_adj = own_oom_score_adj()
+        #: Security facts of the host (probed once) and the seccomp default.
+        self.host_security = host_security()
+        self.host_capabilities = own_capabilities()
+        self.unset_seccomp_profile = unset_seccomp_profile
         self._stop_signalled: set[str] = set()
         #: Containers whose StartContainer runs: their exit is handled after it (a process
         #: that exits at once must not be STOPPED before it is STARTED).
@@ -226,11 +248,13 @@ class ContainerManager:
                 os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
             pid = await self.runtime.create(CreateOptions(
                 id=cid, bundle=self.paths.bundle(cid), name=name, log_path=log_path,
-                tty=config.tty, stdin=config.stdin, stdin_once=config.stdin_once))
+                tty=config.tty, stdin=config.stdin, stdin_once=config.stdin_once,
+                runtime_handler=sandbox.runtime_handler))
             failpoint("container.created")
             user = spec["process"]["user"]
             rec = self.store.update(cid, phase="created", pid=pid, uid=user["uid"],
-                                    gid=user["gid"], groups=tuple(user.get("additionalGids") or ()))
+                                    gid=user["gid"], groups=tuple(user.get("additionalGids") or ()),
+                                    resources=record_of(spec))
             undo.pop_all()
         self.events.emit(events.CREATED, cid, sandbox.id)
         await self.nri.post_create(rec)
@@ -250,10 +274,14 @@ class ContainerManager:
             sandbox_pid=sandbox.pid, etc_passwd=read_etc(rootfs, "passwd"),
             etc_group=read_etc(rootfs, "group"), image_name=image_name,
             files=self.controller.files(sandbox.id), volumes_dir=volumes_dir,
-            node_hostname=os.uname().nodename, cgroup_v2=CGROUP_V2,
+            node_hostname=os.uname().nodename, cgroup_v2=self.resource_policy.host.unified,
             devices=cri_devices(list(config.devices)),
             host_devices=nodes_under("/dev", "/dev") if privileged else (),
-            cgroup_driver=self.cgroup_driver, min_oom_score_adj=self.min_oom_score_adj)
+            cgroup_driver=self.cgroup_driver, min_oom_score_adj=self.min_oom_score_adj,
+            resource_policy=self.resource_policy, **self._handler_options(sandbox, config),
+            target_pid=self._target_pid(config, sandbox),
+            host_capabilities=self.host_capabilities, host_security=self.host_security,
+            unset_seccomp_profile=self.unset_seccomp_profile)
         for m in spec["mounts"]:
             if m["source"].startswith(volumes_dir + os.sep):
                 copy_image_volume(rootfs, m["destination"], m["source"])
@@ -261,6 +289,37 @@ class ContainerManager:
             if m.host_path and not os.path.exists(m.host_path):
                 os.makedirs(m.host_path, mode=0o755, exist_ok=True)  # as containerd does
         return spec
+
+    def _target_pid(self, config: pb.ContainerConfig, sandbox: SandboxRecord) -> int | None:
+        """§2.14: a TARGET pid namespace is a running container of the same pod."""
+        opts = config.linux.security_context.namespace_options
+        if opts.pid != pb.TARGET:
+            return None
+        target = self.store.get(opts.target_id)
+        if target is None or target.sandbox_id != sandbox.id:
+            raise NotFound(f"target container {opts.target_id!r} not found in pod {sandbox.id}")
+        if target.state != pb.CONTAINER_RUNNING or target.pid <= 0:
+            raise FailedPrecondition(f"target container {opts.target_id!r} is not running")
+        return target.pid
+
+    def _handler_options(self, sandbox: SandboxRecord,
+                         config: pb.ContainerConfig) -> dict[str, Any]:
+        """container_spec's options that come from the pod's runtime handler."""
+        handler = self.handlers.get(sandbox.runtime_handler or self.default_handler)
+        if handler is None:
+            return {}
+        if not handler.features.user_namespaces:
+            # runc without idmapped mounts ignores a mapping: refuse instead of dropping it.
+            for m in config.mounts:
+                if m.uidMappings or m.gidMappings:
+                    raise InvalidArgument(
+                        f"mount {m.container_path!r} asks for an idmapped mount, which runtime "
+                        f"handler {handler.name!r} does not support (its runc has none)")
+        return {"base_spec": handler.base_spec,
+                "privileged_without_host_devices": handler.privileged_without_host_devices,
+                "pod_annotation_globs": handler.pod_annotations,
+                "container_annotation_globs": handler.container_annotations,
+                "rro_supported": handler.features.recursive_read_only_mounts}
 
     async def cleanup(self, cid: str) -> None:
         """Every trace of a container but its record and log (idempotent)."""
@@ -435,12 +494,28 @@ class ContainerManager:
                 if rec.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
                     raise FailedPrecondition(f"container {rec.id} is in "
                                              f"{state_name(rec.state)} state: cannot update it")
-                requested = resources_from_cri(linux or pb.LinuxContainerResources())
+                linux = linux or pb.LinuxContainerResources()
+                validate(linux, self.resource_policy)  # before NRI or runc see it
+                requested = resources_from_cri(linux)
                 final = await self.nri.update_container(rec, requested)
-                resources = oci_resource_update(final)
-                if resources:
-                    await self.apply_resources(rec.id, resources)
+                if final is not requested:  # a plugin's answer replaces the request
+                    linux = cri_from_nri(final)
+                await self._update_spec_resources(rec.id, linux)
                 await self.nri.post_update(rec, final)
+
+    async def _update_spec_resources(self, cid: str, linux: pb.LinuxContainerResources) -> None:
+        """containerd's updateOCIResource: the request laid over the spec's resources (the
+        same rules as at create), the whole result to ``runc update`` (memory and memsw
+        together, so raising and lowering both pass the kernel's checks), then the spec
+        and the record."""
+        bundle = self.paths.bundle(cid)
+        spec = read_spec(bundle)
+        resources = apply(spec.get("linux", {}).get("resources") or {}, linux,
+                          self.resource_policy)
+        await self.runtime.update(cid, update_payload(resources))
+        spec.setdefault("linux", {})["resources"] = resources
+        await asyncio.to_thread(write_spec, bundle, spec)
+        self.store.update(cid, resources=record_of(spec))
 
     async def apply_resources(self, cid: str, resources: dict[str, Any]) -> None:
         """New cgroup limits for a created or running container: ``runc update``, then the
@@ -458,6 +533,7 @@ class ContainerManager:
             else:
                 current[key] = value
         await asyncio.to_thread(write_spec, bundle, spec)
+        self.store.update(cid, resources=record_of(spec))
 
     async def evict(self, cid: str, reason: str) -> None:
         """An NRI plugin's eviction: stop the container at once; its status says

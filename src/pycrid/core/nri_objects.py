@@ -16,7 +16,9 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.errors import InvalidArgument
 from pycrid.nri import api
+from pycrid.oci.seccomp import parse_profile_string
 from pycrid.store.pods import ContainerRecord, SandboxRecord
 
 _STATES = {
@@ -26,6 +28,11 @@ _STATES = {
     pb.CONTAINER_UNKNOWN: api.CONTAINER_UNKNOWN,
 }
 
+_KIND_TYPES = {
+    "RuntimeDefault": api.SecurityProfile.RUNTIME_DEFAULT,
+    "Unconfined": api.SecurityProfile.UNCONFINED,
+    "Localhost": api.SecurityProfile.LOCALHOST,
+}
 _PROFILE_TYPES = {
     pb.SecurityProfile.RuntimeDefault: api.SecurityProfile.RUNTIME_DEFAULT,
     pb.SecurityProfile.Unconfined: api.SecurityProfile.UNCONFINED,
@@ -211,12 +218,29 @@ def container_object(rec: ContainerRecord, spec: Mapping[str, Any]) -> api.Conta
         linux.oom_score_adj.value = proc["oomScoreAdj"]
     linux.cgroups_path = linux_spec.get("cgroupsPath", "")
     linux.sysctl.update(linux_spec.get("sysctl") or {})
-    sc = cfg.linux.security_context
+    _set_seccomp_profile(linux, cfg.linux.security_context)
+    return ctr
+
+
+def _set_seccomp_profile(linux: api.LinuxContainer, sc: pb.LinuxContainerSecurityContext) -> None:
+    """The profile the container asked for, as containerd reports it (none when the
+    request names none), plus two cases where upstream under-reports: the deprecated
+    ``seccomp_profile_path`` string, and privileged (which runs without a filter)."""
+    if sc.privileged:
+        linux.seccomp_profile.profile_type = api.SecurityProfile.UNCONFINED
+        return
     if sc.HasField("seccomp"):
         linux.seccomp_profile.profile_type = _PROFILE_TYPES.get(
             sc.seccomp.profile_type, api.SecurityProfile.RUNTIME_DEFAULT)
         linux.seccomp_profile.localhost_ref = sc.seccomp.localhost_ref
-    return ctr
+        return
+    if sc.seccomp_profile_path:
+        try:
+            profile = parse_profile_string(sc.seccomp_profile_path)
+        except InvalidArgument:
+            return  # cannot happen for a created container: creation parsed it
+        linux.seccomp_profile.profile_type = _KIND_TYPES[profile.kind]
+        linux.seccomp_profile.localhost_ref = profile.ref
 
 
 def set_status(ctr: api.Container, rec: ContainerRecord) -> None:

@@ -33,6 +33,8 @@ from pycrid.images.service import ImageService
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
 from pycrid.network.pod import bandwidth
 from pycrid.network.service import PodNetworks
+from pycrid.oci.resources import resources_json
+from pycrid.oci.security import validate_pod as validate_pod_security
 from pycrid.runtime.exits import Exit
 from pycrid.sandbox.controller import SandboxController, SandboxRequest
 from pycrid.store.images import ImageRecord
@@ -59,17 +61,22 @@ def _validate(config: pb.PodSandboxConfig, handler: str, handlers: Collection[st
                               "hostname must be empty")
     if opts.network != pb.NODE:
         bandwidth(config.annotations)  # refuses unreadable limits before any side effect
+    validate_pod_security(config)  # sysctls, seccomp profile: before any side effect
 
 
 class PodManager:
     def __init__(self, *, store: RecordStore[SandboxRecord], controller: SandboxController,
                  containers: ContainerManager, images: ImageService, netns_dir: str,
                  locks: KeyedLocks, nri: NRI, network: PodNetworks, events: ContainerEvents,
-                 handlers: Collection[str]) -> None:
+                 handlers: Collection[str], default_handler: str = "runc",
+                 userns_handlers: Collection[str] = ()) -> None:
         self.store = store
         self.events = events
         self.network = network
         self.handlers = frozenset(handlers)
+        self.default_handler = default_handler
+        #: Handlers whose runc can run CRI user namespaces (idmapped mounts).
+        self.userns_handlers = frozenset(userns_handlers)
         self.controller = controller
         self.containers = containers
         self.images = images
@@ -106,6 +113,14 @@ class PodManager:
 
     async def run(self, config: pb.PodSandboxConfig, handler: str) -> str:
         _validate(config, handler, self.handlers)
+        opts = config.linux.security_context.namespace_options
+        name = handler or self.default_handler
+        if opts.HasField("userns_options") and opts.userns_options.mode == pb.POD \
+                and name not in self.userns_handlers:
+            # The kubelet checks this handler feature (Status) before asking; refuse a
+            # request that skipped the check instead of failing deep inside runc.
+            raise InvalidArgument(f"runtime handler {name!r} does not support user "
+                                  "namespaces (its runc has no idmapped mounts)")
         md = config.metadata
         name = f"{md.name}_{md.namespace}_{md.uid}_{md.attempt}"
         sid = secrets.token_hex(32)
@@ -135,7 +150,8 @@ class PodManager:
             await self.controller.create(SandboxRequest(
                 id=sid, config=config, image_name=self.images.config.sandbox_image,
                 image_config=json.loads(self.images.content.read(image.id)),
-                image_chain_top=image.chain[-1], netns=netns))
+                image_chain_top=image.chain[-1], netns=netns,
+                runtime_handler=handler or self.default_handler))
             pid = await self.controller.start(sid)
             rec = self.store.update(sid, pid=pid)
             undo.push_async_callback(self.nri.remove_pod, sid)  # Stop and Remove follow a Run
@@ -347,4 +363,12 @@ class PodManager:
                 "netns": rec.netns, "image": rec.image_name, "snapshotKey": rec.id,
                 "cniResult": {c.ifname: c.result for c in self.network.cache.of(rec.id)},
                 "snapshotter": self.images.snapshotter.name,
-                "runtimeSpec": status.info.get("runtimeSpec")}
+                "runtimeSpec": status.info.get("runtimeSpec"), **_recorded_resources(rec)}
+
+
+def _recorded_resources(rec: SandboxRecord) -> dict[str, Any]:
+    """Verbose info ``overhead`` and ``resources`` (containerd's keys, ``{"linux": ...}``):
+    from RunPodSandbox, replaced by UpdatePodSandboxResources."""
+    linux = rec.config.linux
+    return {key: {"linux": resources_json(getattr(linux, key))}
+            for key in ("overhead", "resources") if linux.HasField(key)}

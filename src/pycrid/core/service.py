@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +28,16 @@ from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI, runc_version
 from pycrid.core.pods import PodManager
 from pycrid.core.registrar import KeyedLocks
+from pycrid.core.stats import StatsService
 from pycrid.events.monitor import ExitMonitor
 from pycrid.images.service import ImageService
 from pycrid.network.service import PodNetworks
 from pycrid.oci.adjust import HostSupport
+from pycrid.oci.resources import ResourcePolicy
 from pycrid.oci.spec import CgroupDriver, cgroups_path
+from pycrid.runtime.cgroups import probe as probe_cgroups
 from pycrid.runtime.exits import Exit, ExitWatcher
+from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
@@ -71,6 +75,8 @@ class CRIService:
         network: PodNetworks,
         events: ContainerEvents,
         layout: orphans.Layout,
+        stats: StatsService,
+        handlers: Mapping[str, HandlerSpec] | None = None,
     ) -> None:
         self.images = images
         self.network = network
@@ -83,6 +89,9 @@ class CRIService:
         self.warnings = list(warnings)
         self.events = events
         self.layout = layout
+        #: Container and pod stats: owns the one sampling loop (started in start()).
+        self.stats = stats
+        self.handlers = dict(handlers or {})
         self.exits = ExitWatcher(runtime.exit_dir, self._exit_file)
         self.monitor = ExitMonitor(self._handle_exit)
         #: The CNI CHECKs of pods that survived the restart (after the gate opened).
@@ -115,6 +124,7 @@ class CRIService:
         await self.monitor.idle()
         self._checks = asyncio.create_task(self._check_networks(to_check),
                                            name="CNI CHECK after restart")
+        self.stats.start()
 
     async def _check_networks(self, ids: Sequence[str]) -> None:
         started = time.monotonic()
@@ -140,6 +150,7 @@ class CRIService:
         """Containers keep running under conmon; stop watching, end event streams, shut
         NRI plugins down."""
         self.exits.close()
+        await self.stats.aclose()
         if self._checks is not None:
             self._checks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -180,10 +191,25 @@ class CRIService:
             "config": json.dumps(_jsonable(self.config), sort_keys=True),
             "cniconfig": json.dumps(self.network.describe()),
             "warnings": json.dumps(self.warnings),
+            # What security-context fields can be honoured here (AppArmor and SELinux
+            # requests are refused or ignored on a host without them).
+            "hostSecurity": json.dumps({
+                "seccomp": self.containers.host_security.seccomp,
+                "apparmor": self.containers.host_security.apparmor,
+                "selinux": self.containers.host_security.selinux}),
         }
 
     async def update_runtime_config(self, pod_cidr: str) -> None:
         await self.network.update_pod_cidr(pod_cidr)
+
+    def runtime_handlers(self) -> list[tuple[str, HandlerFeatures]]:
+        """Status's runtime handlers, by name, with the default also under "" (as
+        containerd reports it)."""
+        out = [(name, h.features) for name, h in sorted(self.handlers.items())]
+        default = self.handlers.get(self.runtime_config.default_runtime_name)
+        if default is not None:
+            out.insert(0, ("", default.features))
+        return out
 
     def cgroup_driver(self) -> str:
         return self.runtime_config.cgroup_driver
@@ -201,7 +227,8 @@ def _jsonable(obj: Any) -> Any:
 
 def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeConfig,
                runtime: ContainerRuntime, controller: SandboxController, root: str, state: str,
-               config: Config, warnings: list[str], nri_config: NRIConfig) -> CRIService:
+               config: Config, warnings: list[str], nri_config: NRIConfig,
+               handlers: Mapping[str, HandlerSpec] | None = None) -> CRIService:
     """Wire the core from its parts (used by the CRI plugin and by tests).
 
     The NRI side is built here with the stores it reports on, never on its own, so
@@ -222,16 +249,26 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     containers = ContainerManager(
         store=ctr_store, sandboxes=sandboxes, controller=controller,
         runtime=runtime, images=images, paths=paths, locks=locks, nri=nri, events=events,
-        cgroup_driver=driver)
+        cgroup_driver=driver, handlers=handlers,
+        resource_policy=ResourcePolicy(
+            probe_cgroups(), runtime_config.disable_hugetlb_controller,
+            runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit),
+        default_handler=runtime_config.default_runtime_name,
+        unset_seccomp_profile=runtime_config.unset_seccomp_profile)
     nri.bind(apply_resources=containers.apply_resources, evict=containers.evict)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"))
     pods = PodManager(store=sandboxes, controller=controller, containers=containers,
                       images=images, netns_dir=os.path.join(state, "netns"), locks=locks,
                       nri=nri, network=network, events=events,
-                      handlers=runtime_config.runtimes.keys())
-    return CRIService(images=images, pods=pods, containers=containers, runtime=runtime,
+                      handlers=runtime_config.runtimes.keys(),
+                      default_handler=runtime_config.default_runtime_name,
+                      userns_handlers=[n for n, h in (handlers or {}).items()
+                                       if h.features.user_namespaces])
+    stats = StatsService(pods=pods, containers=containers, snapshotter=images.snapshotter,
+                         period=float(runtime_config.stats_collect_period), cgroup_driver=driver)
+    return CRIService(stats=stats, images=images, pods=pods, containers=containers, runtime=runtime,
                       runtime_config=runtime_config, config=config, warnings=warnings, nri=nri,
-                      network=network, events=events,
+                      network=network, events=events, handlers=handlers,
                       layout=orphans.Layout(root=root, state=state,
                                             exit_dir=runtime.exit_dir))

@@ -9,6 +9,7 @@ from cri_api.v1 import api_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
 from pycrid.core.events import ContainerEvent
+from pycrid.oci.resources import cri_resources
 from pycrid.store.pods import ContainerRecord, SandboxRecord
 
 RUNTIME_TYPE = "pycrid.runtime.v1.runc"
@@ -69,6 +70,7 @@ def container_status_pb(rec: ContainerRecord) -> Any:
     status.user.linux.uid = rec.uid
     status.user.linux.gid = rec.gid
     status.user.linux.supplemental_groups.extend(rec.groups)
+    status.resources.linux.CopyFrom(cri_resources(rec.resources))  # §3: from the spec
     return status
 
 

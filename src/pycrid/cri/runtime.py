@@ -11,6 +11,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.core.service import KUBE_API_VERSION, CRIService
 from pycrid.core.streams import ContainerStreams
 from pycrid.cri import pods as convert
+from pycrid.cri import stats as stats_pb
 from pycrid.streaming.server import StreamServer
 
 
@@ -32,7 +33,12 @@ class RuntimeServicer:
         conds = [pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason,
                                      message=c.message) for c in await self.core.conditions()]
         info = self.core.status_info() if request.verbose else {}
-        return pb.StatusResponse(status=pb.RuntimeStatus(conditions=conds), info=info)
+        handlers = [pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures(
+            recursive_read_only_mounts=f.recursive_read_only_mounts,
+            user_namespaces=f.user_namespaces)) for name, f in self.core.runtime_handlers()]
+        return pb.StatusResponse(
+            status=pb.RuntimeStatus(conditions=conds), info=info, runtime_handlers=handlers,
+            features=pb.RuntimeFeatures(supplemental_groups_policy=True))
 
     async def RuntimeConfig(self, request: Any, context: Any) -> Any:
         driver = (pb.CgroupDriver.SYSTEMD if self.core.cgroup_driver() == "systemd"
@@ -141,6 +147,36 @@ class RuntimeServicer:
     async def ReopenContainerLog(self, request: Any, context: Any) -> Any:
         await self.core.containers.reopen_log(request.container_id)
         return pb.ReopenContainerLogResponse()
+
+    # ---- stats and metrics (answered from the sampler's memory) ---------------------------
+
+    async def ContainerStats(self, request: Any, context: Any) -> Any:
+        view = await self.core.stats.container(request.container_id)
+        return pb.ContainerStatsResponse(stats=stats_pb.container_stats_pb(view))
+
+    async def ListContainerStats(self, request: Any, context: Any) -> Any:
+        flt = request.filter if request.HasField("filter") else None
+        views = await self.core.stats.list_containers(flt)
+        return pb.ListContainerStatsResponse(
+            stats=[stats_pb.container_stats_pb(v) for v in views])
+
+    async def PodSandboxStats(self, request: Any, context: Any) -> Any:
+        view = await self.core.stats.pod(request.pod_sandbox_id)
+        return pb.PodSandboxStatsResponse(stats=stats_pb.pod_stats_pb(view))
+
+    async def ListPodSandboxStats(self, request: Any, context: Any) -> Any:
+        flt = request.filter if request.HasField("filter") else None
+        views = await self.core.stats.list_pods(flt)
+        return pb.ListPodSandboxStatsResponse(stats=[stats_pb.pod_stats_pb(v) for v in views])
+
+    async def ListMetricDescriptors(self, request: Any, context: Any) -> Any:
+        return pb.ListMetricDescriptorsResponse(
+            descriptors=[stats_pb.descriptor_pb(d) for d in self.core.stats.descriptors()])
+
+    async def ListPodSandboxMetrics(self, request: Any, context: Any) -> Any:
+        pods = await self.core.stats.pod_metrics()
+        return pb.ListPodSandboxMetricsResponse(
+            pod_metrics=[stats_pb.pod_metrics_pb(*p) for p in pods])
 
     async def GetContainerEvents(self, request: Any, context: Any) -> AsyncIterator[Any]:
         sub = self.core.events.broadcast.subscribe()

@@ -1,13 +1,16 @@
 """OCI runtime specs (config.json) for pause and app containers, as containerd builds them.
 
 Pure functions over the CRI request, the image config dict and host facts the
-caller passes in; every rule cites its section of CRI-TO-OCI.md. Not covered
-here (later issues): seccomp, AppArmor, SELinux, linux.resources (except the
-device rules), CRI devices discovery on the host, CDI, NRI adjustments.
+caller passes in; every rule cites its section of CRI-TO-OCI.md. Resources come
+from oci/resources.py, seccomp/AppArmor/SELinux/sysctl rules from oci/security.py.
+Not here: SELinux labels (no host here has SELinux; options are accepted and
+ignored, as containerd does without it), host device discovery, CDI, NRI
+adjustments (oci/adjust.py).
 """
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -32,6 +35,15 @@ from pycrid.oci.mounts import (
     image_volumes,
     sandbox_mounts,
     sys_bind,
+)
+from pycrid.oci.resources import ResourcePolicy, with_resources
+from pycrid.oci.security import (
+    SECCOMP_ONLY,
+    HostSecurity,
+    apply_container_security,
+    apply_seccomp,
+    selinux_ignored,
+    validate_sysctls,
 )
 from pycrid.oci.user import ResolvedUser, image_groups, resolve_user, sorted_gids
 
@@ -159,12 +171,13 @@ def sandbox_spec(
     unprivileged_ports: bool = True,
     unprivileged_icmp: bool = True,
     daemon_in_userns: bool = False,
+    base_spec: Spec | None = None,
+    host_security: HostSecurity = SECCOMP_ONLY,
+    unset_seccomp_profile: str = "",
 ) -> Spec:
-    """The pause container's spec (§1.2-§1.9).
-
-    Not here: seccomp, SELinux and linux.resources (cpu.shares=2), a later issue.
-    """
-    spec = default_spec()
+    """The pause container's spec (§1.2-§1.9), from ``base_spec`` (a runtime handler's
+    base_runtime_spec) instead of the default when given."""
+    spec = copy.deepcopy(base_spec) if base_spec is not None else default_spec()
     proc = spec["process"]
     linux = spec["linux"]
     img = _image(image_config)
@@ -215,7 +228,7 @@ def sandbox_spec(
     if sc.privileged:
         _sysfs_rw(spec["mounts"])
 
-    sysctls = dict(config.linux.sysctls)
+    sysctls = validate_sysctls(config.linux.sysctls, opts)
     if not host_net:
         if unprivileged_ports:
             sysctls.setdefault("net.ipv4.ip_unprivileged_port_start", "0")
@@ -225,6 +238,9 @@ def sandbox_spec(
         linux["sysctl"] = sysctls
     linux["cgroupsPath"] = cgroups_path(config.linux.cgroup_parent, sandbox_id, cgroup_driver)
     proc["oomScoreAdj"] = max(SANDBOX_OOM_SCORE_ADJ, min_oom_score_adj)
+    selinux_ignored(sc, host_security, "sandbox")
+    apply_seccomp(spec, sc, privileged=sc.privileged, host=host_security,
+                  unset_profile=unset_seccomp_profile)
     spec["annotations"] = _sandbox_annotations(config, sandbox_id, pause_image,
                                                pod_annotation_globs)
     return spec
@@ -343,17 +359,21 @@ def container_spec(
     disable_proc_mount: bool = False,
     rro_supported: bool = False,
     min_oom_score_adj: int = -1000,
+    resource_policy: ResourcePolicy | None = None,
     pod_annotation_globs: Sequence[str] = (),
     container_annotation_globs: Sequence[str] = (),
+    base_spec: Spec | None = None,
+    host_security: HostSecurity = SECCOMP_ONLY,
+    unset_seccomp_profile: str = "",
 ) -> Spec:
     """An app container's spec (§2.1-§2.11, §2.14, §2.15).
 
     ``devices``/``host_devices`` are nodes the caller found on the host (CRI
     devices, and all of /dev for privileged). Image VOLUMEs become bind mounts
     from ``volumes_dir``; ``image_volumes()`` tells the caller what to copy.
-    Not here: seccomp, AppArmor, SELinux, linux.resources except oomScoreAdj.
+    ``base_spec`` replaces the default spec (a runtime handler's base_runtime_spec).
     """
-    spec = default_spec()
+    spec = copy.deepcopy(base_spec) if base_spec is not None else default_spec()
     proc = spec["process"]
     linux = spec["linux"]
     img = _image(image_config)
@@ -417,8 +437,8 @@ def container_spec(
         spec["root"]["readonly"] = True
     linux["cgroupsPath"] = cgroups_path(sandbox.linux.cgroup_parent, container_id,
                                         cgroup_driver)
-    if config.linux.HasField("resources"):
-        proc["oomScoreAdj"] = max(config.linux.resources.oom_score_adj, min_oom_score_adj)
+    with_resources(spec, config.linux.resources if config.linux.HasField("resources") else None,
+                   resource_policy or ResourcePolicy(), min_oom_score_adj)  # §2.13
     linux["namespaces"] = _container_namespaces(
         sc.namespace_options, popts, sandbox_pid, target_pid, cgroupns=cgroupns)
     if userns is not None:
@@ -427,6 +447,8 @@ def container_spec(
             raise InvalidArgument("container user namespace options differ from the sandbox's")
         linux["uidMappings"] = _idmaps(userns.uids)
         linux["gidMappings"] = _idmaps(userns.gids)
+    apply_container_security(spec, sc, privileged=privileged, host=host_security,
+                             unset_profile=unset_seccomp_profile)
     spec["annotations"] = _container_annotations(
         config, sandbox, sandbox_id, image_name,
         pod_annotation_globs, container_annotation_globs)

@@ -46,10 +46,10 @@ def find_binary(configured: str, name: str) -> str:
 
 class ConmonRuntime(ContainerRuntime):
     def __init__(self, *, state_dir: str, runc: str = "", conmon: str = "",
-                 systemd_cgroup: bool = False) -> None:
+                 systemd_cgroup: bool = False, runc_root: str = "") -> None:
         self.runc = find_binary(runc, "runc")
         self.conmon = find_binary(conmon, "conmon")
-        self.runc_root = os.path.join(state_dir, "runc")
+        self.runc_root = runc_root or os.path.join(state_dir, "runc")
         self.exit_dir = os.path.join(state_dir, "exits")
         self.socket_dir = os.path.join(state_dir, "conmon")
         self.systemd_cgroup = systemd_cgroup

@@ -26,6 +26,8 @@ class CreateOptions:
     tty: bool = False
     stdin: bool = False
     stdin_once: bool = False
+    #: The pod's runtime handler (empty: the default one).
+    runtime_handler: str = ""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ class SandboxRequest:
     image_chain_top: str
     #: The network namespace to join ("" for the host's).
     netns: str = ""
+    #: The runtime handler (RuntimeClass) that runs it ("": the default).
+    runtime_handler: str = ""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import platform
 import shutil
 import signal
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
@@ -27,6 +28,8 @@ from pycrid.faults import failpoint
 from pycrid.images.mount import mount, unmount
 from pycrid.images.snapshots import Mount, Snapshotter
 from pycrid.oci.mounts import SandboxFiles
+from pycrid.oci.resources import with_sandbox_shares
+from pycrid.oci.security import host_security
 from pycrid.oci.spec import CgroupDriver, sandbox_spec
 from pycrid.runtime.bundle import (
     prepare_rootfs,
@@ -36,6 +39,7 @@ from pycrid.runtime.bundle import (
     write_spec,
 )
 from pycrid.runtime.exits import Exit, ExitWaiters
+from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions
 from pycrid.sandbox.controller import SandboxController, SandboxRequest, SandboxStatus
 
@@ -75,8 +79,14 @@ def resolv_conf(dns: pb.DNSConfig | None, host_file: str = "/etc/resolv.conf") -
 class PauseController(SandboxController):
     def __init__(self, *, runtime: ContainerRuntime, snapshotter: Snapshotter, root_dir: str,
                  state_dir: str, cgroup_driver: CgroupDriver = "auto",
-                 hosts_file: str = "/etc/hosts", resolv_file: str = "/etc/resolv.conf") -> None:
+                 hosts_file: str = "/etc/hosts", resolv_file: str = "/etc/resolv.conf",
+                 handlers: Mapping[str, HandlerSpec] | None = None,
+                 unset_seccomp_profile: str = "") -> None:
         self.runtime = runtime
+        #: Spec options by runtime handler (base spec, annotation pass-through).
+        self.handlers = dict(handlers or {})
+        #: Created sandboxes not started yet, with their handler.
+        self._handler_of: dict[str, str] = {}
         self.snapshotter = snapshotter
         self.root_dir = os.path.join(root_dir, "sandboxes")
         self.state_dir = os.path.join(state_dir, "sandboxes")
@@ -85,6 +95,8 @@ class PauseController(SandboxController):
         self.resolv_file = resolv_file
         self.waiters = ExitWaiters(runtime.exit_of)
         self.min_oom_score_adj = own_oom_score_adj()
+        self.host_security = host_security()  # probed once
+        self.unset_seccomp_profile = unset_seccomp_profile
         for d in (self.root_dir, self.state_dir):
             os.makedirs(d, mode=0o711, exist_ok=True)
 
@@ -133,17 +145,24 @@ class PauseController(SandboxController):
 
         rootfs = prepare_rootfs(self.snapshotter, sid, req.image_chain_top, bundle)
         failpoint("sandbox.rootfs")
+        handler = self.handlers.get(req.runtime_handler)
         spec = sandbox_spec(
             config, req.image_config, sandbox_id=sid, pause_image=req.image_name,
             files=self.files(sid), netns_path=req.netns,
             etc_passwd=read_etc(rootfs, "passwd"), etc_group=read_etc(rootfs, "group"),
-            cgroup_driver=self.cgroup_driver, min_oom_score_adj=self.min_oom_score_adj)
+            cgroup_driver=self.cgroup_driver, min_oom_score_adj=self.min_oom_score_adj,
+            base_spec=handler.base_spec if handler else None,
+            pod_annotation_globs=handler.pod_annotations if handler else (),
+            host_security=self.host_security, unset_seccomp_profile=self.unset_seccomp_profile)
+        with_sandbox_shares(spec)  # cpu.shares 2, as containerd's pause
         write_spec(bundle, spec)
+        self._handler_of[sid] = req.runtime_handler
         failpoint("sandbox.spec")
 
     async def start(self, sandbox_id: str) -> int:
         pid = await self.runtime.create(CreateOptions(
-            id=sandbox_id, bundle=self.bundle(sandbox_id), name=f"pause-{sandbox_id[:12]}"))
+            id=sandbox_id, bundle=self.bundle(sandbox_id), name=f"pause-{sandbox_id[:12]}",
+            runtime_handler=self._handler_of.pop(sandbox_id, "")))
         failpoint("sandbox.created")
         await self.runtime.start(sandbox_id)
         failpoint("sandbox.started")

@@ -71,6 +71,9 @@ class ContainerRecord:
     uid: int = 0
     gid: int = 0
     groups: tuple[int, ...] = ()
+    #: The spec's linux.resources minus devices, plus ``oomScoreAdj`` (JSON): what
+    #: ContainerStatus.resources reports; kept current by UpdateContainerResources.
+    resources: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
     @property
     def state(self) -> pb.ContainerState.ValueType:

@@ -1,0 +1,213 @@
+"""Runtime handlers (the kubelet's RuntimeClass): named runc set-ups chosen per pod.
+
+Each handler is a runc binary with its own state root plus the OCI spec options
+containerd keeps per runtime (base spec, privileged without host devices,
+annotation pass-through). ``RuntimeRouter`` presents every handler's runtime as
+one ``ContainerRuntime``: the core keeps addressing objects by id, and the
+router remembers which handler created each id (and learns it again from each
+root's ``runc list`` after a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pycrid.config.decode import ConfigError
+from pycrid.config.schema import RuntimeConfig
+from pycrid.errors import InvalidArgument
+from pycrid.runtime.exits import Exit
+from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
+from pycrid.runtime.stdio import ProcessIO
+
+log = logging.getLogger(__name__)
+
+_SECTION = 'plugins."pycrid.cri.v1.runtime".runtimes'
+
+
+@dataclass(frozen=True)
+class HandlerFeatures:
+    """What the handler's runc can do, as the CRI Status reports it."""
+
+    recursive_read_only_mounts: bool = False
+    user_namespaces: bool = False
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """A handler's spec options, read once at start."""
+
+    name: str
+    runc_root: str
+    runc_binary: str = ""
+    base_spec: dict[str, Any] | None = None
+    privileged_without_host_devices: bool = False
+    pod_annotations: tuple[str, ...] = ()
+    container_annotations: tuple[str, ...] = ()
+    features: HandlerFeatures = HandlerFeatures()
+
+
+def load_handlers(config: RuntimeConfig, state_dir: str) -> dict[str, HandlerSpec]:
+    """Every configured handler with its base spec read; a bad spec file stops start-up
+    with the key's name (containerd fails the same way)."""
+    out: dict[str, HandlerSpec] = {}
+    for name, h in sorted(config.runtimes.items()):
+        default_root = "runc" if name == config.default_runtime_name else f"runc-{name}"
+        out[name] = HandlerSpec(
+            name=name,
+            runc_root=h.options.Root or os.path.join(state_dir, default_root),
+            runc_binary=h.options.BinaryName or config.runtime_path,
+            base_spec=_base_spec(name, h.base_runtime_spec) if h.base_runtime_spec else None,
+            privileged_without_host_devices=h.privileged_without_host_devices,
+            pod_annotations=tuple(h.pod_annotations),
+            container_annotations=tuple(h.container_annotations))
+    roots = [h.runc_root for h in out.values()]
+    if len(set(roots)) != len(roots):
+        raise ConfigError(f"{_SECTION}.*.options.Root",
+                          "two runtime handlers share one runc root")
+    return out
+
+
+def _base_spec(name: str, path: str) -> dict[str, Any]:
+    key = f"{_SECTION}.{name}.base_runtime_spec"
+    try:
+        with open(path, "rb") as f:
+            spec = json.load(f)
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ConfigError(key, f"{path} is not valid JSON: {e}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("process"), dict) \
+            or not isinstance(spec.get("linux"), dict):
+        raise ConfigError(key, f"{path} is not an OCI runtime spec (needs process and linux)")
+    spec.setdefault("root", {"path": "rootfs"})
+    spec.setdefault("mounts", [])
+    spec["process"].setdefault("user", {"uid": 0, "gid": 0})
+    spec["process"].setdefault("cwd", "/")
+    spec["linux"].setdefault("namespaces", [])
+    spec["linux"].setdefault("resources", {"devices": [{"allow": False, "access": "rwm"}]})
+    return spec
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        parts = platform.release().split(".")
+        return (int(parts[0]), int(parts[1].split("-")[0])) >= (major, minor)
+    except (IndexError, ValueError):
+        return False
+
+
+def features_from(raw: Mapping[str, Any]) -> HandlerFeatures:
+    """containerd's reading of ``runc features``: rro needs the mount option and a kernel
+    with mount_setattr (5.12); CRI user namespaces need idmapped mounts too."""
+    rro = "rro" in (raw.get("mountOptions") or []) and _kernel_at_least(5, 12)
+    linux = raw.get("linux") or {}
+    idmap = ((linux.get("mountExtensions") or {}).get("idmap") or {}).get("enabled") is True
+    userns = "user" in (linux.get("namespaces") or []) and idmap
+    return HandlerFeatures(recursive_read_only_mounts=rro, user_namespaces=userns)
+
+
+async def probe_features(runc: str) -> HandlerFeatures:
+    """Ask the binary (``runc features``); an older runc without the command has none."""
+    proc = await asyncio.create_subprocess_exec(
+        runc, "features", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL)
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        return HandlerFeatures()
+    try:
+        raw = json.loads(out)
+    except ValueError:
+        return HandlerFeatures()
+    return features_from(raw) if isinstance(raw, dict) else HandlerFeatures()
+
+
+class RuntimeRouter(ContainerRuntime):
+    """One ContainerRuntime per handler behind the single interface the core uses.
+
+    Exit files, logs and attach sockets do not depend on the handler (the runtimes
+    share one exit directory), so only runc commands are routed.
+    """
+
+    def __init__(self, runtimes: Mapping[str, ContainerRuntime], default: str,
+                 handlers: Mapping[str, HandlerSpec] | None = None) -> None:
+        if default not in runtimes:
+            raise ValueError(f"default handler {default!r} has no runtime")
+        dirs = {rt.exit_dir for rt in runtimes.values()}
+        if len(dirs) != 1:
+            raise ValueError("runtime handlers must share one exit directory")
+        self.runtimes = dict(runtimes)
+        self.default = default
+        #: The handlers' spec options and features, by name.
+        self.handlers: dict[str, HandlerSpec] = dict(handlers or {})
+        self.exit_dir = dirs.pop()
+        #: The default handler's runc binary (what NRI reports as the runtime version).
+        self.runc: str = getattr(self.runtimes[default], "runc", "runc")
+        self._owner: dict[str, str] = {}
+
+    def handler_of(self, object_id: str) -> str:
+        return self._owner.get(object_id, self.default)
+
+    def _of(self, object_id: str) -> ContainerRuntime:
+        return self.runtimes[self.handler_of(object_id)]
+
+    async def create(self, opts: CreateOptions) -> int:
+        handler = opts.runtime_handler or self.default
+        if handler not in self.runtimes:
+            raise InvalidArgument(f"no runtime for handler {handler!r} is configured")
+        self._owner[opts.id] = handler
+        return await self.runtimes[handler].create(opts)
+
+    async def start(self, object_id: str) -> None:
+        await self._of(object_id).start(object_id)
+
+    async def kill(self, object_id: str, signal: int) -> bool:
+        return await self._of(object_id).kill(object_id, signal)
+
+    async def delete(self, object_id: str) -> None:
+        await self._of(object_id).delete(object_id)
+        self._owner.pop(object_id, None)
+
+    async def update(self, object_id: str, resources: dict[str, Any]) -> None:
+        await self._of(object_id).update(object_id, resources)
+
+    async def state(self, object_id: str) -> dict[str, Any] | None:
+        return await self._of(object_id).state(object_id)
+
+    async def states(self) -> dict[str, dict[str, Any]]:
+        """Every handler's ``runc list``; who listed an id owns it from now on."""
+        merged: dict[str, dict[str, Any]] = {}
+        for name, rt in self.runtimes.items():
+            for oid, state in (await rt.states()).items():
+                merged[oid] = state
+                self._owner[oid] = name
+        return merged
+
+    async def exec_sync(self, object_id: str, process: dict[str, Any], *,
+                        limit: float | None, output_cap: int) -> ExecResult:
+        return await self._of(object_id).exec_sync(object_id, process, limit=limit,
+                                                   output_cap=output_cap)
+
+    async def exec_stream(self, object_id: str, process: dict[str, Any], io: ProcessIO) -> int:
+        return await self._of(object_id).exec_stream(object_id, process, io)
+
+    async def attach(self, bundle: str, io: ProcessIO) -> None:
+        await self.runtimes[self.default].attach(bundle, io)
+
+    def exit_of(self, object_id: str) -> Exit | None:
+        return self._of(object_id).exit_of(object_id)
+
+    def forget_exit(self, object_id: str) -> None:
+        self._of(object_id).forget_exit(object_id)
+
+    def oom_killed(self, bundle: str) -> bool:
+        return self.runtimes[self.default].oom_killed(bundle)
+
+    async def reopen_log(self, bundle: str) -> None:
+        await self.runtimes[self.default].reopen_log(bundle)
