@@ -580,3 +580,50 @@ def test_update_resources_reach_plugins_and_the_live_cgroup(main: NRIDaemon, pod
         pb.UpdateContainerResourcesRequest(container_id=cid, linux=pb.LinuxContainerResources(
             cpu_shares=256)), timeout=30))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+
+
+class _Quiet:
+    """An external plugin that only asks for updates (it must handle something)."""
+
+    def synchronize(self, pods: Any, containers: Any) -> None:
+        return None
+
+
+def test_plugin_update_raising_memory_above_the_recorded_swap(main: NRIDaemon,
+                                                              pods: Pods) -> None:
+    """An unsolicited UpdateContainers that raises the memory limit past the memsw limit
+    set at create: the whole resources go to ``runc update``, so memory and memsw move
+    together (a memory-only update would be refused by the v1 kernel)."""
+    from pycrid.nri.adjust import Update
+    from pycrid.nri.stub import Stub
+    from pycrid.nri.wire.ttrpc import TtrpcError
+
+    pod = pod_config()
+    sid = pods.run(pod)
+    cfg = sleeper(main)
+    cfg.linux.resources.memory_limit_in_bytes = 32 * 1024 * 1024  # memsw = the same
+    cid = pods.run_container(sid, cfg, pod)
+    raised = 128 * 1024 * 1024
+
+    import asyncio
+
+    async def update() -> list[Any]:
+        async with Stub(_Quiet(), name="updater", idx="40", socket_path=main.socket) as stub:
+            deadline = time.monotonic() + 20
+            while True:  # the runtime takes updates once our Synchronize reply is in
+                try:
+                    return await stub.update_containers(
+                        [Update(cid).set_memory_limit(raised)], timeout=20)
+                except TtrpcError as e:
+                    if "not synchronized" not in str(e) or time.monotonic() > deadline:
+                        raise
+                await asyncio.sleep(0.05)
+
+    assert asyncio.run(update()) == []
+    spec = json.loads(pods.status(cid, verbose=True).info["info"])["runtimeSpec"]
+    cgroup = Path("/sys/fs/cgroup/memory") / spec["linux"]["cgroupsPath"].lstrip("/")
+    assert int((cgroup / "memory.limit_in_bytes").read_text()) == raised
+    assert int((cgroup / "memory.memsw.limit_in_bytes").read_text()) == raised
+    assert spec["linux"]["resources"]["memory"] == {"limit": raised, "swap": raised}
+    status = pods.status(cid).status
+    assert status.resources.linux.memory_limit_in_bytes == raised

@@ -20,6 +20,7 @@ from pycrid.oci.resources import (
     cri_resources,
     record_of,
     resources_json,
+    swap_follows_limit,
     update_payload,
     validate,
     with_resources,
@@ -361,3 +362,25 @@ def test_record_keeps_resources_and_old_rows_load(tmp_path: Path) -> None:
     assert cri_resources(new.resources).cpu_shares == 512
     assert old.resources == {}
     assert cri_resources(old.resources) == pb.LinuxContainerResources()
+
+
+M = 1024 * 1024
+
+
+@pytest.mark.parametrize(("memory", "update", "swap"), [
+    ({"limit": 32 * M, "swap": 32 * M}, {"limit": 128 * M}, 128 * M),  # no swap stays no swap
+    ({"limit": 32 * M, "swap": 32 * M}, {"limit": 16 * M}, 16 * M),
+    ({"limit": 32 * M, "swap": 32 * M}, {"limit": -1}, -1),
+    ({"limit": 32 * M, "swap": 64 * M}, {"limit": 128 * M}, 128 * M),  # raised to be valid
+    ({"limit": 32 * M, "swap": 64 * M}, {"limit": 48 * M}, None),  # still valid: untouched
+    ({"limit": 32 * M, "swap": -1}, {"limit": 128 * M}, None),  # unlimited swap stays
+    ({"limit": 32 * M}, {"limit": 128 * M}, None),  # no swap accounting
+    ({"limit": 32 * M, "swap": 32 * M}, {"limit": 128 * M, "swap": 256 * M}, 256 * M),
+])
+def test_swap_follows_a_plugins_new_memory_limit(memory: dict[str, Any],
+                                                 update: dict[str, Any],
+                                                 swap: int | None) -> None:
+    got = swap_follows_limit(memory, {"memory": update, "cpu": {"shares": 2}})
+    assert got["cpu"] == {"shares": 2}
+    assert got["memory"].get("swap") == swap
+    assert got["memory"]["limit"] == update["limit"]

@@ -38,6 +38,7 @@ from pycrid.oci.resources import (
     apply,
     cri_from_nri,
     record_of,
+    swap_follows_limit,
     update_payload,
     validate,
 )
@@ -518,20 +519,23 @@ class ContainerManager:
         self.store.update(cid, resources=record_of(spec))
 
     async def apply_resources(self, cid: str, resources: dict[str, Any]) -> None:
-        """New cgroup limits for a created or running container: ``runc update``, then the
-        bundle's spec, so status and restarts see them."""
+        """An NRI plugin's new cgroup limits (only the changed fields) for a created or
+        running container: laid over the spec's, the whole result to ``runc update`` (as
+        for the CRI call, so memory and memsw move together on v1), then the spec, so
+        status and restarts see them."""
         rec = self._current(cid)
         if rec.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
             raise FailedPrecondition(f"container {cid} is {state_name(rec.state)}")
-        await self.runtime.update(cid, resources)
         bundle = self.paths.bundle(cid)
         spec = read_spec(bundle)
         current = spec.setdefault("linux", {}).setdefault("resources", {})
+        resources = swap_follows_limit(current.get("memory") or {}, resources)
         for key, value in resources.items():
             if isinstance(value, dict) and isinstance(current.get(key), dict):
                 current[key].update(value)
             else:
                 current[key] = value
+        await self.runtime.update(cid, update_payload(current))
         await asyncio.to_thread(write_spec, bundle, spec)
         self.store.update(cid, resources=record_of(spec))
 

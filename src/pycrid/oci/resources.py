@@ -157,6 +157,19 @@ def update_payload(resources: Mapping[str, Any]) -> Spec:
     return {k: copy.deepcopy(v) for k, v in resources.items() if k != "devices"}
 
 
+def swap_follows_limit(memory: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """A new memory limit without a swap value keeps the container's swap rule: swap equal
+    to the old limit meant "no swap" (CRI-TO-OCI §2.13) and follows the new limit, and a
+    swap below the new limit (which the v1 kernel refuses) is raised to it."""
+    new = update.get("memory") or {}
+    if "limit" not in new or "swap" in new or memory.get("swap") is None:
+        return update
+    swap, limit = memory["swap"], new["limit"]
+    if swap == memory.get("limit") or (swap != -1 and limit != -1 and swap < limit):
+        return {**update, "memory": {**new, "swap": limit}}
+    return update
+
+
 # ---- OCI → CRI ------------------------------------------------------------------------
 
 
