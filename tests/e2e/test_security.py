@@ -344,6 +344,17 @@ def test_target_pid_namespace(daemon: Daemon, pods: Pods) -> None:
                                                      command=SLEEP, linux=own), pod)
     assert sh(pods, alone, "cat /proc/1/cmdline | tr '\\0' ' '") == (0, "sleep 3600 ")
     assert "4242" not in sh(pods, alone, "ps -o args")[1]
+    # Created in the target's namespace, then the target stops: the kernel ends every
+    # process of that pid namespace, the waiting init of the new container too, so it is
+    # EXITED and cannot be started (containerd's extra start-time check has nothing left
+    # to catch).
+    cfg.metadata.name = "late"
+    late = pods.create(sid, cfg, pod)
+    pods.stop(first)
+    pods.wait_state(late, pb.CONTAINER_EXITED)
+    with pytest.raises(grpc.RpcError) as err:
+        pods.start(late)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     pods.remove_pod(sid)
 
 
