@@ -806,3 +806,11 @@ def test_container_annotation_image_name_falls_back_to_reference() -> None:
 
 def test_container_spec_is_json() -> None:
     json.dumps(ctr(cc(tty=True, mounts=[pb.Mount(container_path="/m", host_path="/h")])))
+
+
+def test_image_volume_mounts_are_refused_by_name() -> None:
+    from pycrid.oci.mounts import cri_mount
+
+    m = pb.Mount(container_path="/data", image=pb.ImageSpec(image="busybox"))
+    with pytest.raises(InvalidArgument, match=r"'/data': image volumes .* not supported"):
+        cri_mount(m)

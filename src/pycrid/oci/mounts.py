@@ -95,7 +95,8 @@ def cri_mount(mount: pb.Mount, *, rro_supported: bool = False) -> tuple[Spec, st
     """One CRI Mount as an OCI bind mount, plus the rootfs propagation it needs."""
     if mount.HasField("image") and mount.image.image:
         raise InvalidArgument(
-            f"mount {mount.container_path!r}: image volumes must be resolved to a host path"
+            f"mount {mount.container_path!r}: image volumes (Mount.image, the kubelet's "
+            "ImageVolume feature) are not supported by pycrid"
         )
     options = ["rbind"]
     needs: str | None = None
