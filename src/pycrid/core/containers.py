@@ -37,8 +37,8 @@ from pycrid.oci.resources import (
     ResourcePolicy,
     apply,
     cri_from_nri,
+    merge_update,
     record_of,
-    swap_follows_limit,
     update_payload,
     validate,
 )
@@ -501,43 +501,33 @@ class ContainerManager:
                 final = await self.nri.update_container(rec, requested)
                 if final is not requested:  # a plugin's answer replaces the request
                     linux = cri_from_nri(final)
-                await self._update_spec_resources(rec.id, linux)
+                # containerd's updateOCIResource: the same rules as at create.
+                await self._set_resources(
+                    rec.id, lambda current: apply(current, linux, self.resource_policy))
                 await self.nri.post_update(rec, final)
 
-    async def _update_spec_resources(self, cid: str, linux: pb.LinuxContainerResources) -> None:
-        """containerd's updateOCIResource: the request laid over the spec's resources (the
-        same rules as at create), the whole result to ``runc update`` (memory and memsw
-        together, so raising and lowering both pass the kernel's checks), then the spec
-        and the record."""
+    async def _set_resources(self, cid: str,
+                             new: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
+        """Both update paths end here: ``new`` turns the spec's resources into the next
+        ones, which go whole to ``runc update`` (memory and memsw together, so raising and
+        lowering both pass the v1 kernel's checks), then to the spec and the record, so
+        status and restarts see them."""
         bundle = self.paths.bundle(cid)
         spec = read_spec(bundle)
-        resources = apply(spec.get("linux", {}).get("resources") or {}, linux,
-                          self.resource_policy)
+        linux = spec.setdefault("linux", {})
+        resources = new(linux.get("resources") or {})
         await self.runtime.update(cid, update_payload(resources))
-        spec.setdefault("linux", {})["resources"] = resources
+        linux["resources"] = resources
         await asyncio.to_thread(write_spec, bundle, spec)
         self.store.update(cid, resources=record_of(spec))
 
     async def apply_resources(self, cid: str, resources: dict[str, Any]) -> None:
         """An NRI plugin's new cgroup limits (only the changed fields) for a created or
-        running container: laid over the spec's, the whole result to ``runc update`` (as
-        for the CRI call, so memory and memsw move together on v1), then the spec, so
-        status and restarts see them."""
+        running container, laid over the current ones."""
         rec = self._current(cid)
         if rec.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
             raise FailedPrecondition(f"container {cid} is {state_name(rec.state)}")
-        bundle = self.paths.bundle(cid)
-        spec = read_spec(bundle)
-        current = spec.setdefault("linux", {}).setdefault("resources", {})
-        resources = swap_follows_limit(current.get("memory") or {}, resources)
-        for key, value in resources.items():
-            if isinstance(value, dict) and isinstance(current.get(key), dict):
-                current[key].update(value)
-            else:
-                current[key] = value
-        await self.runtime.update(cid, update_payload(current))
-        await asyncio.to_thread(write_spec, bundle, spec)
-        self.store.update(cid, resources=record_of(spec))
+        await self._set_resources(cid, lambda current: merge_update(current, resources))
 
     async def evict(self, cid: str, reason: str) -> None:
         """An NRI plugin's eviction: stop the container at once; its status says

@@ -113,13 +113,13 @@ class PodManager:
 
     async def run(self, config: pb.PodSandboxConfig, handler: str) -> str:
         _validate(config, handler, self.handlers)
+        chosen = handler or self.default_handler  # the record keeps the name as asked
         opts = config.linux.security_context.namespace_options
-        name = handler or self.default_handler
         if opts.HasField("userns_options") and opts.userns_options.mode == pb.POD \
-                and name not in self.userns_handlers:
+                and chosen not in self.userns_handlers:
             # The kubelet checks this handler feature (Status) before asking; refuse a
             # request that skipped the check instead of failing deep inside runc.
-            raise InvalidArgument(f"runtime handler {name!r} does not support user "
+            raise InvalidArgument(f"runtime handler {chosen!r} does not support user "
                                   "namespaces (its runc has no idmapped mounts)")
         md = config.metadata
         name = f"{md.name}_{md.namespace}_{md.uid}_{md.attempt}"
@@ -151,7 +151,7 @@ class PodManager:
                 id=sid, config=config, image_name=self.images.config.sandbox_image,
                 image_config=json.loads(self.images.content.read(image.id)),
                 image_chain_top=image.chain[-1], netns=netns,
-                runtime_handler=handler or self.default_handler))
+                runtime_handler=chosen))
             pid = await self.controller.start(sid)
             rec = self.store.update(sid, pid=pid)
             undo.push_async_callback(self.nri.remove_pod, sid)  # Stop and Remove follow a Run

@@ -170,6 +170,19 @@ def swap_follows_limit(memory: dict[str, Any], update: dict[str, Any]) -> dict[s
     return update
 
 
+def merge_update(current: Mapping[str, Any], update: Mapping[str, Any]) -> Spec:
+    """An NRI plugin's partial OCI resources laid over ``current``, as a new object: each
+    section updated key by key, the swap rule kept (``swap_follows_limit``)."""
+    out: Spec = copy.deepcopy(dict(current))
+    update = swap_follows_limit(out.get("memory") or {}, dict(update))
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return out
+
+
 # ---- OCI → CRI ------------------------------------------------------------------------
 
 

@@ -205,6 +205,7 @@ class PauseController(SandboxController):
         return SandboxStatus(sandbox_id, int(state.get("pid") or 0), status, exit_, info)
 
     async def shutdown(self, sandbox_id: str) -> None:
+        self._handler_of.pop(sandbox_id, None)  # created, never started
         await self.runtime.delete(sandbox_id)
         await asyncio.to_thread(remove_bundle, self.snapshotter, sandbox_id,
                                 self.bundle(sandbox_id))
