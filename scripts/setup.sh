@@ -51,8 +51,10 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-extra=""
-[ "$mode" = test ] && extra="[test]"
+# OpenTelemetry is installed too, so [tracing] endpoint can be turned on by config alone;
+# it is imported only when it is.
+extra="[tracing]"
+[ "$mode" = test ] && extra="[test,tracing]"
 stamp=".venv/.installed$extra"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e ".$extra"

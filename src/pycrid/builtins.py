@@ -181,8 +181,18 @@ async def _init_cri(ctx: InitContext) -> Any:
         warnings=loaded.warnings,
         nri_config=ctx.get_by_id(NRI, "nri"),
     )
+    # Metrics and tracing are the daemon's (absent when tests build a core by hand).
+    metrics = ctx.properties.get("metrics")
+    tracer = ctx.properties.get("tracer")
+    if metrics is not None:
+        metrics.bind(core)
+        core.images.metrics = metrics
+    if core.nri.adaptation is not None:
+        core.nri.adaptation.observer = metrics
+        core.nri.adaptation.tracer = tracer
     return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness(),
-                     state_dir=ctx.properties["state"])
+                     state_dir=ctx.properties["state"],
+                     record=None if metrics is None else metrics.cri_call, tracer=tracer)
 
 
 def registry() -> Registry:

@@ -1,4 +1,5 @@
-"""The ``pycrid`` command: ``serve``, ``config default``, ``config migrate``, ``version``."""
+"""The ``pycrid`` command: ``serve``, ``config default``, ``config migrate``, ``version``,
+``status``, ``nri plugins``."""
 
 from __future__ import annotations
 
@@ -33,7 +34,38 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--config", "-c", required=True, help="the config file to upgrade")
 
     sub.add_parser("version", help="print the version")
+
+    def client_args(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--address", "-a", help="CRI socket (default: the config's [grpc] "
+                         "address)")
+        cmd.add_argument("--config", "-c", help="config file read for the default address")
+        cmd.add_argument("--json", action="store_true", help="print one JSON object")
+
+    client_args(sub.add_parser(
+        "status", help="ask the daemon: conditions, pods and containers by state, NRI"))
+    nri = sub.add_parser("nri", help="NRI of the running daemon")
+    nsub = nri.add_subparsers(dest="nri_command", required=True)
+    client_args(nsub.add_parser("plugins", help="connected plugins and their call counts"))
     return p
+
+
+def _client(args: argparse.Namespace) -> int:
+    from pycrid.builtins import registry
+    from pycrid.config.decode import ConfigError
+    from pycrid.config.loader import default_config_path, load
+    from pycrid.metrics import status
+
+    address = args.address
+    if not address:
+        try:
+            address = load(default_config_path(args.config),
+                           registry().registrations()).config.grpc.address
+        except ConfigError as e:
+            print(f"pycrid: invalid configuration: {e}", file=sys.stderr)
+            return status.UNREACHABLE
+    if args.command == "status":
+        return status.status(address, args.json)
+    return status.nri_plugins(address, args.json)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -77,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "serve":
         return _serve(args)
+    if args.command in ("status", "nri"):
+        return _client(args)
     from pycrid.builtins import registry
     from pycrid.config.decode import ConfigError
     from pycrid.config.loader import migrate, read_toml, render_default, render_raw

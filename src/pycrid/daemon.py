@@ -20,6 +20,7 @@ from pycrid.config.decode import ConfigError
 from pycrid.config.loader import LoadedConfig
 from pycrid.config.schema import GrpcConfig
 from pycrid.errors import FailedPrecondition
+from pycrid.metrics import Metrics
 from pycrid.plugin.registry import init_all
 
 log = logging.getLogger("pycrid")
@@ -109,10 +110,23 @@ async def serve(loaded: LoadedConfig) -> None:
     plugins = None
     server: grpc.aio.Server | None = None
     services: dict[str, Any] = {}
+    metrics = Metrics()
+    metrics_server: Any = None
+    tracer = None
     try:
+        if cfg.tracing.endpoint:
+            from pycrid.tracing import start_tracing
+
+            tracer = start_tracing(cfg.tracing)
         plugins = await init_all(
             registry(), configs=loaded.plugins, disabled=cfg.disabled_plugins,
-            properties={"root": cfg.root, "state": cfg.state, "loaded_config": loaded})
+            properties={"root": cfg.root, "state": cfg.state, "loaded_config": loaded,
+                        "metrics": metrics, "tracer": tracer})
+        if cfg.metrics.address:
+            from pycrid.metrics.server import MetricsServer  # aiohttp.web only when served
+
+            metrics_server = MetricsServer(metrics, cfg.metrics.address)
+            await metrics_server.start()
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", cfg.grpc.max_recv_message_size),
             ("grpc.max_send_message_length", cfg.grpc.max_send_message_size),
@@ -152,8 +166,12 @@ async def serve(loaded: LoadedConfig) -> None:
             for svc in services.values():
                 svc.end_streams()  # open event streams would hold up the grace period
             await server.stop(grace=5)
+        if metrics_server is not None:
+            await metrics_server.aclose()
         if plugins is not None:
             await plugins.close()
+        if tracer is not None:
+            tracer.shutdown()  # flushes the spans still batched
         lock.release()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

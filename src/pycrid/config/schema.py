@@ -57,6 +57,40 @@ class DebugConfig:
     format: str = cfg("text", "Log format on stderr.", one_of("text", "json"))
 
 
+def _host_port_or_empty(v: Any) -> str | None:
+    host, sep, port = v.rpartition(":")
+    ok = v == "" or (sep and port.isdigit() and int(port) <= 65535 and " " not in host)
+    return None if ok else "must be host:port (e.g. 127.0.0.1:1338) or empty"
+
+
+@dataclass
+class MetricsConfig:
+    """containerd's ``[metrics]``: Prometheus text on /v1/metrics (and /metrics)."""
+
+    address: str = cfg("", "host:port of the metrics HTTP endpoint (empty: not served).",
+                       _host_port_or_empty)
+
+
+def _http_url_or_empty(v: Any) -> str | None:
+    ok = v == "" or v.startswith(("http://", "https://"))
+    return None if ok else "must be an http(s):// URL or empty"
+
+
+def _ratio(v: Any) -> str | None:
+    return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
+
+
+@dataclass
+class TracingConfig:
+    """containerd's OTLP tracing keys (http/protobuf only): one span per CRI call."""
+
+    endpoint: str = cfg(
+        "", "OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces (empty: tracing off;\n"
+        "the OpenTelemetry packages are then never imported).", _http_url_or_empty)
+    sampling_ratio: float = cfg(1.0, "Fraction of root spans kept (0..1).", _ratio)
+    service_name: str = cfg("pycrid", "service.name of the spans.")
+
+
 @dataclass
 class Config:
     """The top level of config.toml (plugin sections are decoded per plugin)."""
@@ -68,6 +102,8 @@ class Config:
     disabled_plugins: list[str] = cfg([], "Plugins (type.id) not to load.")
     grpc: GrpcConfig = cfg(GrpcConfig(), "The CRI gRPC server.")
     debug: DebugConfig = cfg(DebugConfig(), "Logging.")
+    metrics: MetricsConfig = cfg(MetricsConfig(), "Prometheus metrics endpoint.")
+    tracing: TracingConfig = cfg(TracingConfig(), "OpenTelemetry tracing (OTLP/HTTP).")
     plugins: dict[str, Any] = field(default_factory=dict)
 
 

@@ -60,6 +60,12 @@ class Condition:
     message: str = ""
 
 
+#: CRI state names (``pycrid status``, the metrics): every one is reported, 0 included.
+POD_STATES = ("SANDBOX_READY", "SANDBOX_NOTREADY")
+CONTAINER_STATES = ("CONTAINER_CREATED", "CONTAINER_RUNNING", "CONTAINER_EXITED",
+                    "CONTAINER_UNKNOWN")
+_CONTAINER_STATE_NAMES = dict(enumerate(CONTAINER_STATES))
+
 class CRIService:
     def __init__(
         self,
@@ -96,6 +102,8 @@ class CRIService:
         self.monitor = ExitMonitor(self._handle_exit)
         #: The CNI CHECKs of pods that survived the restart (after the gate opened).
         self._checks: asyncio.Task[None] | None = None
+        #: How long start-up recovery of pods and containers took (the metrics gauge).
+        self.recovery_seconds: float | None = None
 
     async def start(self) -> None:
         """Start-up (DESIGN.md): watch exit files first (so none is missed; they queue in
@@ -111,8 +119,9 @@ class CRIService:
         to_check = await self.pods.recover(states, self.monitor.submit)
         await self.containers.recover(states, self.monitor.submit)
         await self._sweep_orphans(set(states))
+        self.recovery_seconds = time.monotonic() - started
         log.info("recovered %d pods and %d containers in %.1f ms", len(self.pods.store.ids()),
-                 len(self.containers.store.ids()), (time.monotonic() - started) * 1000)
+                 len(self.containers.store.ids()), self.recovery_seconds * 1000)
         for oid, why in self.pods.store.broken + self.containers.store.broken:
             message = f"record {oid} could not be read and is ignored: {why}"
             log.error("%s", message)
@@ -197,7 +206,33 @@ class CRIService:
                 "seccomp": self.containers.host_security.seccomp,
                 "apparmor": self.containers.host_security.apparmor,
                 "selinux": self.containers.host_security.selinux}),
+            # Counts by CRI state and the NRI plugins, for `pycrid status` / `nri plugins`.
+            "pods": json.dumps(self.pod_counts()),
+            "containers": json.dumps(self.container_counts()),
+            "nri": json.dumps(self._nri_info()),
         }
+
+    def pod_counts(self) -> dict[str, int]:
+        """Visible pods by CRI state name (every state, 0 included), from memory."""
+        counts = dict.fromkeys(POD_STATES, 0)
+        for rec in self.pods.store.visible():
+            counts["SANDBOX_READY" if rec.ready else "SANDBOX_NOTREADY"] += 1
+        return counts
+
+    def container_counts(self) -> dict[str, int]:
+        """Visible containers by CRI state name (every state, 0 included), from memory."""
+        counts = dict.fromkeys(CONTAINER_STATES, 0)
+        for rec in self.containers.store.visible():
+            counts[_CONTAINER_STATE_NAMES.get(int(rec.state), "CONTAINER_UNKNOWN")] += 1
+        return counts
+
+    def _nri_info(self) -> dict[str, Any]:
+        adaptation = self.nri.adaptation
+        if adaptation is None:
+            return {"enabled": False, "socket": "", "plugins": []}
+        cfg = adaptation.config
+        return {"enabled": True, "socket": "" if cfg.disable_connections else cfg.socket_path,
+                "plugins": [p.describe() for p in adaptation.plugins if not p.closed]}
 
     async def update_runtime_config(self, pod_cidr: str) -> None:
         await self.network.update_pod_cidr(pod_cidr)

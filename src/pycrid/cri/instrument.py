@@ -7,13 +7,14 @@ not implement yet answer UNIMPLEMENTED with a message that says so.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -55,22 +56,42 @@ def _unimplemented(full_name: str) -> Callable[..., Any]:
     return handler
 
 
+#: Records one finished call: (method short name, gRPC code name, seconds).
+Record = Callable[[str, str, float], None]
+
+
+class Tracer(Protocol):
+    def wrap_unary(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` inside one span per call."""
+
+
 def instrumented_servicer(
-    service: ServiceDescriptor, impl: object, gate: Gate
+    service: ServiceDescriptor, impl: object, gate: Gate, record: Record | None = None,
+    tracer: Tracer | None = None,
 ) -> object:
     """A servicer for ``service`` whose methods are ``impl``'s, wrapped; missing ones unimplemented.
 
     ``impl`` methods are ``async def Name(request, context)`` (or async generators for
-    server-streaming RPCs).
+    server-streaming RPCs). ``record`` sees every call's end (metrics); a ``tracer`` wraps
+    unary calls in spans. Both are chosen here, once, so a daemon without tracing never
+    makes even a no-op span.
     """
     servicer = type(f"Instrumented{service.name}", (), {})()
     for method in service.methods:
         full = f"/{service.full_name}/{method.name}"
         fn = getattr(impl, method.name, None) or _unimplemented(full)
         streaming = bool(method.server_streaming)
+        if tracer is not None and not streaming:
+            fn = tracer.wrap_unary(method.name, fn)
         setattr(servicer, method.name,
-                _wrap_stream(full, fn, gate) if streaming else _wrap_unary(full, fn, gate))
+                _wrap_stream(full, fn, gate, record) if streaming
+                else _wrap_unary(full, fn, gate, record))
     return servicer
+
+
+def _aborted_code(context: grpc.aio.ServicerContext) -> str:
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
 
 
 def _begin(full: str, gate: Gate) -> str:
@@ -81,9 +102,11 @@ def _begin(full: str, gate: Gate) -> str:
 
 
 async def _fail(full: str, rid: str, started: float, exc: BaseException,
-                context: grpc.aio.ServicerContext) -> None:
+                context: grpc.aio.ServicerContext, record: Record | None) -> None:
     code, msg = status_of(exc)
     ms = (time.monotonic() - started) * 1000
+    if record is not None:
+        record(full.rpartition("/")[2], code.name, ms / 1000)
     extra = {"rpc": full, "request_id": rid, "code": code.name, "ms": round(ms, 2)}
     if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
         log.error("call failed: %s", msg, extra=extra, exc_info=exc)
@@ -92,7 +115,10 @@ async def _fail(full: str, rid: str, started: float, exc: BaseException,
     await context.abort(code, msg)
 
 
-def _wrap_unary(full: str, fn: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
+def _wrap_unary(full: str, fn: Callable[..., Any], gate: Gate,
+                record: Record | None) -> Callable[..., Any]:
+    name = full.rpartition("/")[2]
+
     @functools.wraps(fn)
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.monotonic()
@@ -102,21 +128,29 @@ def _wrap_unary(full: str, fn: Callable[..., Any], gate: Gate) -> Callable[..., 
             log.debug("call", extra={"rpc": full, "request_id": rid})
             response = await fn(request, context)
         except grpc.aio.AbortError:
+            if record is not None:
+                record(name, _aborted_code(context), time.monotonic() - started)
             raise
         except Exception as exc:
-            await _fail(full, rid, started, exc, context)
+            await _fail(full, rid, started, exc, context, record)
             raise  # abort() raised already; this keeps type checkers happy
-        log.debug("done", extra={"rpc": full, "request_id": rid,
-                                 "ms": round((time.monotonic() - started) * 1000, 2)})
+        elapsed = time.monotonic() - started
+        if record is not None:
+            record(name, "OK", elapsed)
+        log.debug("done", extra={"rpc": full, "request_id": rid, "ms": round(elapsed * 1000, 2)})
         return response
 
     return call
 
 
-def _wrap_stream(full: str, fn: Callable[..., Any], gate: Gate) -> Callable[..., Any]:
+def _wrap_stream(full: str, fn: Callable[..., Any], gate: Gate,
+                 record: Record | None) -> Callable[..., Any]:
+    name = full.rpartition("/")[2]
+
     async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         started = time.monotonic()
         rid = "-"
+        code = "OK"  # a stream counts at its end; a client going away cancels it
         try:
             rid = _begin(full, gate)
             log.debug("stream", extra={"rpc": full, "request_id": rid})
@@ -126,9 +160,17 @@ def _wrap_stream(full: str, fn: Callable[..., Any], gate: Gate) -> Callable[...,
             async for item in result:
                 yield item
         except grpc.aio.AbortError:
+            code = _aborted_code(context)
+            raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
             raise
         except Exception as exc:
-            await _fail(full, rid, started, exc, context)
+            code = ""
+            await _fail(full, rid, started, exc, context, record)
             raise
+        finally:
+            if record is not None and code:
+                record(name, code, time.monotonic() - started)
 
     return call

@@ -14,7 +14,7 @@ from pycrid.config.schema import CRIServerConfig
 from pycrid.core.service import CRIService
 from pycrid.core.streams import ContainerStreams
 from pycrid.cri.images import ImageServicer
-from pycrid.cri.instrument import Gate, instrumented_servicer
+from pycrid.cri.instrument import Gate, Record, Tracer, instrumented_servicer
 from pycrid.cri.runtime import RuntimeServicer
 from pycrid.streaming.server import StreamServer
 from pycrid.streaming.tls import server_context
@@ -27,8 +27,12 @@ SECTION = "pycrid.grpc.v1.cri"
 
 class CRIPlugin:
     def __init__(self, *, core: CRIService, server_config: CRIServerConfig,
-                 ready: Callable[[], None], state_dir: str) -> None:
+                 ready: Callable[[], None], state_dir: str, record: Record | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.server_config = server_config
+        #: Metrics and tracing of every call (both optional; see cri/instrument.py).
+        self.record = record
+        self.tracer = tracer
         self.core = core
         self.gate = Gate()
         self._ready = ready
@@ -48,10 +52,11 @@ class CRIPlugin:
         services = pb.DESCRIPTOR.services_by_name
         runtime = RuntimeServicer(self.core, self.streams, self.stream_server)
         pb_grpc.add_RuntimeServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            instrumented_servicer(services["RuntimeService"], runtime, self.gate), server)
+            instrumented_servicer(services["RuntimeService"], runtime, self.gate, self.record,
+                                  self.tracer), server)
         pb_grpc.add_ImageServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            instrumented_servicer(services["ImageService"], ImageServicer(self.core), self.gate),
-            server)
+            instrumented_servicer(services["ImageService"], ImageServicer(self.core), self.gate,
+                                  self.record, self.tracer), server)
 
     async def start(self) -> None:
         """Recover, then open the gate: until here every call answered UNAVAILABLE."""

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pycrid.config.schema import ImagesConfig
 from pycrid.errors import DataLoss, InvalidArgument, NotFound, PycridError
@@ -90,6 +90,14 @@ def user_of(user: str) -> tuple[int | None, str]:
     return None, u
 
 
+class PullMetrics(Protocol):
+    """Where pulls are counted (pycrid.metrics.Metrics)."""
+
+    def pull_done(self, ok: bool, seconds: float) -> None: ...
+
+    def pull_bytes(self, n: int) -> None: ...
+
+
 class ImageService:
     def __init__(
         self,
@@ -116,6 +124,8 @@ class ImageService:
         self._no_gc_running.set()
         self._chain_locks: dict[str, asyncio.Lock] = {}
         self._gc_lock = asyncio.Lock()
+        #: Set by the daemon: pull counts, bytes and durations.
+        self.metrics: PullMetrics | None = None
         os.makedirs(mount_dir, mode=0o700, exist_ok=True)
 
     # ---- lookups -------------------------------------------------------------------------
@@ -197,6 +207,18 @@ class ImageService:
     # ---- pull ----------------------------------------------------------------------------
 
     async def pull(self, image: str, creds: Credentials | None) -> ImageRecord:
+        if self.metrics is None:
+            return await self._pull(image, creds)
+        started = time.monotonic()
+        ok = False
+        try:
+            rec = await self._pull(image, creds)
+            ok = True
+            return rec
+        finally:
+            self.metrics.pull_done(ok, time.monotonic() - started)
+
+    async def _pull(self, image: str, creds: Credentials | None) -> ImageRecord:
         ref = parse_reference(image)
         if ref.digest is not None:
             have = self.store.by_name(f"{ref.name}@{ref.digest}")
@@ -256,6 +278,8 @@ class ImageService:
                         break
         else:
             data = await self.client.fetch_manifest(ref, desc, creds)
+        if self.metrics is not None:
+            self.metrics.pull_bytes(len(data))
         self.content.write(desc.digest, data)
         return data
 
@@ -300,9 +324,11 @@ class ImageService:
                 def opener() -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
                     return self.client.fetch_blob(ref, layer, creds)
 
-                await self.content.ingest(
+                got = await self.content.ingest(
                     layer.digest, layer.size, opener,
                     progress_timeout=float(self.config.image_pull_progress_timeout))
+                if got.downloaded and self.metrics is not None:
+                    self.metrics.pull_bytes(got.size)
 
         async with asyncio.TaskGroup() as tg:
             downloads: list[asyncio.Task[None] | None] = []

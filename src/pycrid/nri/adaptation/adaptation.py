@@ -36,7 +36,9 @@ from pycrid.nri.adaptation.plugin import (
     ConnectedPlugin,
     PluginFailed,
     PluginGone,
+    PluginObserver,
     RuntimeInfo,
+    SpanTracer,
 )
 from pycrid.nri.adaptation.validator import INDEX as VALIDATOR_INDEX
 from pycrid.nri.adaptation.validator import NAME as VALIDATOR_NAME
@@ -94,6 +96,9 @@ class Adaptation:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listener: socket.socket | None = None
         self._stopping = False
+        #: Set by the daemon before start: metrics and tracing of plugin calls.
+        self.observer: PluginObserver | None = None
+        self.tracer: SpanTracer | None = None
 
     # ---- lifetime -----------------------------------------------------------------------
 
@@ -153,7 +158,8 @@ class Adaptation:
 
     def _new_plugin(self, **kw: Any) -> ConnectedPlugin:
         return ConnectedPlugin(info=self.info, request_timeout=self.info.request_timeout,
-                               on_update=self._unsolicited_update, **kw)
+                               on_update=self._unsolicited_update, observer=self.observer,
+                               tracer=self.tracer, **kw)
 
     async def _admit(self, plugin: ConnectedPlugin, sock: socket.socket) -> None:
         """Handshake, then synchronise and insert under the plugin-sync write lock."""
@@ -164,7 +170,7 @@ class Adaptation:
             log.warning("%s", e)
             return
         except (OSError, PluginFailed) as e:
-            await plugin.close(f"handshake failed: {e}")
+            await plugin.close(f"handshake failed: {e}", "error")
             return
         plugin.request_timeout = self._timeout_of(plugin)
 
@@ -177,12 +183,25 @@ class Adaptation:
                 self.plugins = sorted([*self.plugins, plugin], key=lambda p: (p.idx, p.base))
             log.info("NRI plugin %s synchronized (%d pods, %d containers)", plugin.name,
                      len(pods), len(containers))
+            if self.observer is not None:
+                self.observer.nri_registered(plugin.name)
             return updates
 
         try:
             await self.domain.synchronize(sync)
         except (PluginGone, PluginFailed) as e:
-            await plugin.close(f"synchronization failed: {e}")
+            await plugin.close(f"synchronization failed: {e}", "sync")
+            return
+        self._own(self._watch(plugin), f"nri plugin {plugin.name} hang-up watch")
+
+    async def _watch(self, plugin: ConnectedPlugin) -> None:
+        """A plugin that hangs up between events is closed (and counted) at once, not at
+        the next event that would have gone to it."""
+        why = await plugin.wait_closed()
+        if not self._stopping and not plugin.closed_by_us:
+            await plugin.close(f"connection closed: {why}", "closed")
+            async with self._lock:
+                self._prune()
 
     def _timeout_of(self, plugin: ConnectedPlugin) -> float:
         per = self.config.plugin_request_timeouts

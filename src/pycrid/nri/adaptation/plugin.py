@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import socket
+import struct
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -61,6 +65,33 @@ class RuntimeInfo:
     request_timeout: float
 
 
+@dataclass
+class CallStats:
+    """One plugin's calls of one method, for ``pycrid nri plugins``."""
+
+    count: int = 0
+    errors: int = 0
+    total: float = 0.0  # seconds
+    max: float = 0.0
+    last: float = 0.0
+
+
+class PluginObserver(Protocol):
+    """Where plugin calls, registrations and drops are counted (pycrid.metrics.Metrics)."""
+
+    def nri_call(self, plugin: str, event: str, seconds: float, failed: bool) -> None: ...
+
+    def nri_registered(self, plugin: str) -> None: ...
+
+    def nri_dropped(self, plugin: str, reason: str) -> None: ...
+
+
+class SpanTracer(Protocol):
+    """Makes a span, a child of the current one (pycrid.tracing)."""
+
+    def span(self, name: str, attributes: dict[str, Any]) -> AbstractContextManager[Any]: ...
+
+
 class ChildProcess(Protocol):
     returncode: int | None
 
@@ -82,7 +113,9 @@ class Launched:
 class ConnectedPlugin:
     def __init__(self, *, info: RuntimeInfo, request_timeout: float, config: str = "",
                  launched: Launched | None = None,
-                 on_update: UpdateHandler | None = None) -> None:
+                 on_update: UpdateHandler | None = None,
+                 observer: PluginObserver | None = None,
+                 tracer: SpanTracer | None = None) -> None:
         self.info = info
         self.request_timeout = request_timeout
         self.config = config
@@ -95,6 +128,13 @@ class ConnectedPlugin:
         self._registered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._conn: Connection | None = None
         self._closing: asyncio.Task[None] | None = None
+        self.observer = observer
+        self.tracer = tracer
+        #: Calls by method (Configure, Synchronize, CreateContainer, ...).
+        self.calls: dict[str, CallStats] = {}
+        #: Wall-clock time the connection was attached; the plugin's pid when known.
+        self.connected_since = 0.0
+        self.pid: int | None = getattr(launched.process, "pid", None) if launched else None
 
     @property
     def name(self) -> str:
@@ -105,15 +145,44 @@ class ConnectedPlugin:
     def closed(self) -> bool:
         return self._closing is not None or (self._conn is not None and self._conn.is_closed)
 
+    @property
+    def closed_by_us(self) -> bool:
+        return self._closing is not None
+
+    async def wait_closed(self) -> str:
+        """Until the connection is closed, by either side; the reason."""
+        assert self._conn is not None
+        return await self._conn.wait_closed()
+
     def subscribed(self, event: int) -> bool:
         return not self.closed and bool(self.events & api.event_bit(event))
 
     def instance(self) -> api.PluginInstance:
         return api.PluginInstance(name=self.base, index=self.idx)
 
+    def describe(self) -> dict[str, Any]:
+        """What ``pycrid nri plugins`` shows (Status verbose info, ``nri``)."""
+        since = datetime.datetime.fromtimestamp(self.connected_since, datetime.UTC)
+        return {
+            "name": self.base, "index": self.idx,
+            "events": api.event_names(self.events).split(",") if self.events else [],
+            "connected_since": since.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "pid": self.pid,
+            "calls": {method: {"count": c.count, "errors": c.errors,
+                               "mean_ms": round(c.total / c.count * 1000, 3) if c.count else 0,
+                               "max_ms": round(c.max * 1000, 3)}
+                      for method, c in sorted(self.calls.items())},
+        }
+
     # ---- handshake ----------------------------------------------------------------------
 
     async def attach(self, sock: socket.socket) -> None:
+        self.connected_since = time.time()
+        if self.pid is None:
+            with contextlib.suppress(OSError):
+                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))
+                self.pid = struct.unpack("3i", creds)[0] or None
         services = Services()
         services.add(api.RUNTIME_SERVICE, "RegisterPlugin", self._register)
         services.add(api.RUNTIME_SERVICE, "UpdateContainers", self._update)
@@ -142,7 +211,7 @@ class ConnectedPlugin:
         else:
             why = f"did not register within {self.info.registration_timeout:g}s"
         if why:
-            await self.close(f"registration failed: {why}")
+            await self.close(f"registration failed: {why}", "registration")
             raise PluginGone(f"plugin {self.name}: registration failed: {why}")
         resp = await self.call("Configure", api.ConfigureRequest(
             config=self.config, runtime_name=self.info.name,
@@ -152,7 +221,8 @@ class ConnectedPlugin:
             NRI_version=api.NRI_VERSION), api.ConfigureResponse)
         events = resp.events or api.VALID_EVENTS
         if events & ~api.VALID_EVENTS:
-            await self.close(f"subscribed to unknown events 0x{events & ~api.VALID_EVENTS:x}")
+            await self.close(f"subscribed to unknown events 0x{events & ~api.VALID_EVENTS:x}",
+                             "protocol")
             raise PluginGone(f"plugin {self.name}: invalid event mask 0x{events:x}")
         self.events = events
         log.info("NRI plugin %s registered, subscribed to %s", self.name,
@@ -185,6 +255,35 @@ class ConnectedPlugin:
 
     async def call(self, method: str, request: Message, response: type[M],
                    timeout: float | None = None) -> M:
+        """One call; timed into ``calls`` (and the observer), in a span when tracing."""
+        started = time.monotonic()
+        failed = True
+        try:
+            if self.tracer is None:
+                answer = await self._call(method, request, response, timeout)
+            else:
+                with self.tracer.span(f"nri.{method}", {"nri.plugin.name": self.base,
+                                                        "nri.plugin.index": self.idx}):
+                    answer = await self._call(method, request, response, timeout)
+            failed = False
+            return answer
+        finally:
+            self._account(method, time.monotonic() - started, failed)
+
+    def _account(self, method: str, seconds: float, failed: bool) -> None:
+        stats = self.calls.get(method)
+        if stats is None:
+            stats = self.calls[method] = CallStats()
+        stats.count += 1
+        stats.errors += failed
+        stats.total += seconds
+        stats.last = seconds
+        stats.max = max(stats.max, seconds)
+        if self.observer is not None:
+            self.observer.nri_call(self.name, method, seconds, failed)
+
+    async def _call(self, method: str, request: Message, response: type[M],
+                    timeout: float | None) -> M:
         if self._conn is None or self.closed:
             raise PluginGone(f"plugin {self.name} is closed")
         try:
@@ -192,18 +291,18 @@ class ConnectedPlugin:
                                             request.SerializeToString(),
                                             timeout=timeout or self.request_timeout)
         except ConnectionClosed as e:
-            await self.close(f"{method}: {e.message}")
+            await self.close(f"{method}: {e.message}", "closed")
             raise PluginGone(f"plugin {self.name} closed: {e.message}") from None
         except TtrpcError as e:
             if e.code == Code.DEADLINE_EXCEEDED:
                 await self.close(f"{method}: no answer within "
-                                 f"{timeout or self.request_timeout:g}s")
+                                 f"{timeout or self.request_timeout:g}s", "timeout")
                 raise PluginGone(f"plugin {self.name} timed out in {method}") from None
             raise PluginFailed(self.name, method, e.code, e.message) from None
         try:
             return response.FromString(payload)
         except DecodeError as e:
-            await self.close(f"{method}: undecodable answer ({e})")
+            await self.close(f"{method}: undecodable answer ({e})", "protocol")
             raise PluginGone(f"plugin {self.name} sent an undecodable {method} answer") from None
 
     async def synchronize(self, pods: Sequence[api.PodSandbox],
@@ -215,7 +314,7 @@ class ConnectedPlugin:
             resp = await self.call("Synchronize", api.SynchronizeRequest(
                 pods=chunk_pods, containers=chunk_ctrs, more=more), api.SynchronizeResponse)
             if more and (resp.update or not resp.more):
-                await self.close("does not handle split Synchronize requests")
+                await self.close("does not handle split Synchronize requests", "protocol")
                 raise PluginGone(f"plugin {self.name} does not handle split sync requests")
         self.synchronized = True
         return list(resp.update)
@@ -231,17 +330,22 @@ class ConnectedPlugin:
             if self.launched is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.launched.process.wait(), SHUTDOWN_GRACE)
-        await self.close("runtime shutting down")
+        await self.close("runtime shutting down", "shutdown")
 
-    async def close(self, reason: str) -> None:
-        """Close the connection and kill the process if we launched it (idempotent)."""
+    async def close(self, reason: str, kind: str = "error") -> None:
+        """Close the connection and kill the process if we launched it (idempotent).
+
+        ``kind`` is the drop reason the metrics count: closed, timeout, protocol,
+        registration, sync, error or shutdown."""
         if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close(reason))
+            self._closing = asyncio.ensure_future(self._close(reason, kind))
         await asyncio.shield(self._closing)
 
-    async def _close(self, reason: str) -> None:
+    async def _close(self, reason: str, kind: str) -> None:
         if reason != "runtime shutting down":
             log.warning("closing NRI plugin %s: %s", self.name, reason)
+        if self.observer is not None:
+            self.observer.nri_dropped(self.name, kind)
         if self._conn is not None:
             await self._conn.aclose(reason)
         if self.launched is not None:
