@@ -13,6 +13,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.runtime import signals
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
@@ -194,6 +195,38 @@ def test_sigterm_stops_a_well_behaved_container(daemon: Daemon, pods: Pods,
     pods.stop(cid, timeout=30)
     st = pods.status(cid).status
     assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 0, "Completed")
+
+
+def test_stop_signals_a_private_pid_namespace_init_directly(
+        daemon: Daemon, pods: Pods, clean: None) -> None:
+    """The kubelet's default (pid CONTAINER): StopContainer signals the init through a pidfd
+    after checking runc's recorded start time (runtime/signals.py), and the grace period
+    and the exit code are the same as through ``runc kill``."""
+    pod = pod_config()
+    sid = pods.run(pod)
+    own_pid = pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
+        namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)))
+    polite = pods.run_container(sid, container_config(
+        daemon.extra["busybox"], "polite", linux=own_pid,
+        command=["sh", "-c", "trap 'exit 3' TERM; while true; do sleep 0.1; done"]), pod)
+    stubborn = pods.run_container(sid, container_config(
+        daemon.extra["busybox"], "stubborn", linux=own_pid,
+        command=["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"]), pod)
+    time.sleep(0.3)
+    for cid in (polite, stubborn):
+        with open(os.path.join(daemon.state, "runc", cid, "state.json")) as f:
+            state = json.load(f)
+        pid = state["init_process_pid"]
+        assert signals._private_pid_namespace(state)
+        assert signals._start_time(pid) == state["init_process_start"]
+    pods.stop(polite, timeout=30)
+    st = pods.status(polite).status
+    assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 3, "Error")
+    started = time.monotonic()
+    pods.stop(stubborn, timeout=1)
+    assert time.monotonic() - started >= 0.8, "SIGKILL came before the stop timeout"
+    st = pods.status(stubborn).status
+    assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 137)
 
 
 def test_name_conflicts(daemon: Daemon, pods: Pods, clean: None) -> None:

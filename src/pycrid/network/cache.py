@@ -61,14 +61,16 @@ class ResultCache:
         return os.path.join(self.dir, f"{network}-{container_id}-{ifname}")
 
     def put(self, entry: CachedAttachment) -> None:
-        """Write atomically and durably: the DEL after a crash depends on it."""
+        """Write atomically (the DEL after a daemon crash depends on it), without fsync.
+
+        An fsync here sat on every pod start's path and bought nothing: after a power loss
+        the netns and veth are gone, and host-local's own allocation files, which the DEL
+        would release, are not fsynced either. libcni writes its cache the same way."""
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         path = self._path(entry.network, entry.container_id, entry.ifname)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
             json.dump(entry.to_json(), f)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
 
     def delete(self, entry: CachedAttachment) -> None:

@@ -28,6 +28,7 @@ from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, U
 from pycrid.runtime import interactive
 from pycrid.runtime.exits import Exit, read_exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
+from pycrid.runtime.signals import signal_init
 from pycrid.runtime.stdio import ProcessIO
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,9 @@ class ConmonRuntime(ContainerRuntime):
             raise Unknown(f"runc start {object_id}: {err}")
 
     async def kill(self, object_id: str, sig: int) -> bool:
+        direct = signal_init(self.runc_root, object_id, sig)
+        if direct is not None:  # None: runc decides
+            return direct
         rc, _, err = await self._runc("kill", object_id, str(sig))
         if rc == 0:
             return True

@@ -169,8 +169,13 @@ class PauseController(SandboxController):
         return pid
 
     async def stop(self, sandbox_id: str, grace: float = 0) -> None:
-        """SIGKILL the pause process (§4: the pause is always killed), wait, drop /dev/shm."""
-        if await self.runtime.kill(sandbox_id, signal.SIGKILL):
+        """SIGKILL the pause process (§4: the pause is always killed), wait, drop /dev/shm.
+
+        A pause whose exit conmon has already recorded (a second StopPodSandbox, or the
+        stop inside RemovePodSandbox) is not signalled again: that was a ``runc kill``
+        spawned for nothing."""
+        if self.runtime.exit_of(sandbox_id) is None and \
+                await self.runtime.kill(sandbox_id, signal.SIGKILL):
             if await self.waiters.wait(sandbox_id, 30) is None:
                 log.warning("pause process of sandbox %s did not exit 30s after SIGKILL",
                             sandbox_id)
