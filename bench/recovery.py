@@ -5,7 +5,7 @@ Run from the repository root as root::
     .venv/bin/python -m bench.recovery [--containers 100] [--per-pod 1] [--rounds 5]
                                        [--json results.json]
 
-Uses the environment of ``bench.pods`` (a local registry with the standard test images,
+Uses the environment of ``python -m bench`` (a local registry with the standard test images,
 ``pycrid serve`` subprocesses configured as the e2e tests configure them). Two daemons
 with the same config and the same pulled images (busybox and the pause image) live in
 their own base dirs: "full", which gets N/K pods on the CNI test network with K running
@@ -48,13 +48,19 @@ import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 from tests.support.daemon import CRIClient, Daemon, running_daemon, serve_command
-from tests.support.images import TestImages, load_standard_set
-from tests.support.network import ip_forward, remove_bridges, set_ip_forward
+from tests.support.images import TestImages
 from tests.support.pods import Pods, container_config, daemon_config, leftovers, pod_config
 from tests.support.registry import LocalRegistry
 
-from bench.nri import p90
-from bench.pods import WORKER_ENV, _sigterm, check_host, remove_all_pods, supervise
+from bench.common import (
+    arm_signals,
+    check_host,
+    is_worker,
+    p90,
+    registry_env,
+    remove_all_pods,
+    supervise,
+)
 
 PROG = "bench.recovery"
 FULL, EMPTY = "full", "empty"
@@ -74,21 +80,6 @@ def phase_names(containers: int) -> tuple[str, str, str]:
 
 # ---------------------------------------------------------------------------
 # Environment: one registry, two daemon base dirs started and stopped again and again
-
-
-@contextlib.contextmanager
-def registry_env(base: Path) -> Iterator[tuple[LocalRegistry, TestImages]]:
-    """The registry of ``bench.pods``'s ``cri_env`` loaded with the standard set; on exit
-    it is stopped, the test bridges removed and ``ip_forward`` put back."""
-    reg = LocalRegistry(base / "registry")
-    forward = ip_forward()  # the bridge plugin turns forwarding on; put it back after
-    try:
-        reg.start()
-        yield reg, load_standard_set(reg)
-    finally:
-        reg.stop()
-        remove_bridges()
-        set_ip_forward(forward)
 
 
 @dataclass
@@ -333,7 +324,7 @@ def print_report(phases: dict[str, dict[str, Any]], ratio: float, per_container:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get(WORKER_ENV) != "1":
+    if not is_worker():
         return supervise(argv, PROG)
     ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n")[0])
     ap.add_argument("--containers", type=int, default=100,
@@ -351,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--containers must be a multiple of --per-pod")
     n_pods = args.containers // args.per_pod
     check_host(PROG)
-    signal.signal(signal.SIGTERM, _sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
+    arm_signals()
 
     base = Path(tempfile.mkdtemp(prefix="pycrid-bench-rec-"))
     t_start = time.monotonic()

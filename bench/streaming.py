@@ -6,7 +6,7 @@ Run from the repository root as root::
     .venv/bin/python -m bench.streaming [--iterations 200] [--mb 64] [--rounds 5]
                                         [--short-execs 20] [--json results.json]
 
-Uses the environment of ``bench.pods`` (a local registry with the standard test images,
+Uses the environment of ``python -m bench`` (a local registry with the standard test images,
 one ``pycrid serve`` subprocess configured as the e2e tests configure it) and one pod on
 the CNI test network with two busybox containers: ``shell`` (``sleep 3600``, the exec
 target) and ``source`` (``busybox httpd`` serving a file of M MiB of zeros made with dd).
@@ -38,7 +38,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import statistics
 import sys
@@ -53,7 +52,7 @@ from cri_api.v1 import api_pb2 as pb
 from tests.support.pods import container_cgroups, container_config, leftovers, pod_config
 from tests.support.streams import SpdyCommand, SpdyPortForward, WebSocketCommand
 
-from bench.pods import WORKER_ENV, Env, _sigterm, check_host, cri_env, supervise
+from bench.common import Env, arm_signals, check_host, cri_env, is_worker, supervise
 
 PROG = "bench.streaming"
 MIB = 1 << 20
@@ -440,7 +439,7 @@ async def run(env: Env, args: argparse.Namespace, result: dict[str, Any]) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get(WORKER_ENV) != "1":
+    if not is_worker():
         return supervise(argv, PROG)
     ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", "-n", type=int, default=200,
@@ -459,8 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.iterations, args.short_execs, args.mb, args.rounds) < 1 or args.warmup < 0:
         ap.error("--iterations, --short-execs, --mb and --rounds must be at least 1")
     check_host(PROG)
-    signal.signal(signal.SIGTERM, _sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
+    arm_signals()
 
     base = Path(tempfile.mkdtemp(prefix="pycrid-bs-"))
     t_start = time.monotonic()

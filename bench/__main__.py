@@ -1,0 +1,275 @@
+"""The issue-10 benchmark of a CRI runtime: lifecycle, NRI, pull, memory and list latency,
+each figure beside a floor measured in the same run.
+
+Run from the repository root as root::
+
+    .venv/bin/python -m bench [--json PATH] [--sections lifecycle,nri,pull,rss,list]
+                              [--endpoint unix:///run/containerd/containerd.sock]
+
+Without ``--endpoint`` a ``pycrid serve`` from this checkout is started on a temporary
+base dir; with it, the runtime at that socket is measured and nothing is started but the
+local registry the images come from. See bench/README.md for every option and the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+from tests.support.daemon import CRIClient, nri_paths
+from tests.support.pods import Pods, leftovers
+
+from bench import lifecycle, listing, nri, pull, rss
+from bench.common import (
+    HostSnapshot,
+    Target,
+    arm_signals,
+    check_host,
+    host_info,
+    is_worker,
+    pycrid_daemon,
+    registry_env,
+    remove_pod,
+    socket_owner,
+    supervise,
+    wait_gone,
+)
+from bench.report import SECTIONS, Section, table
+
+PROG = "bench"
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not vals or min(vals) < 0:
+        raise argparse.ArgumentTypeError(f"need non-negative integers: {text!r}")
+    return vals
+
+
+def section_list(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [n for n in names if n not in SECTIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"sections are {','.join(SECTIONS)}, not {bad}")
+    return names
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n")[0])
+    ap.add_argument("--json", metavar="PATH", help="also write every result as JSON here")
+    ap.add_argument("--sections", type=section_list, default=list(SECTIONS),
+                    help=f"comma-separated subset of {','.join(SECTIONS)} (default all)")
+    ap.add_argument("--iterations", type=int, default=30,
+                    help="lifecycle rounds and NRI rounds (default 30)")
+    ap.add_argument("--nri-plugins", type=int_list, default=[0, 1, 5],
+                    help="plugin counts to compare; 0 is always added (default 0,1,5)")
+    ap.add_argument("--pull-mb", type=int, default=50, help="image size, MiB (default 50)")
+    ap.add_argument("--pull-layers", type=int, default=5, help="image layers (default 5)")
+    ap.add_argument("--pull-rounds", type=int, default=5, help="pulls timed (default 5)")
+    ap.add_argument("--rss-pods", type=int, default=100,
+                    help="running pods for the rss and list sections (default 100)")
+    ap.add_argument("--list-sizes", type=int_list, default=[100, 500, 1000],
+                    help="container counts the list calls are timed at (default 100,500,1000)")
+    ap.add_argument("--list-calls", type=int, default=listing.CALLS,
+                    help=f"calls timed per list size and kind (default {listing.CALLS})")
+    ap.add_argument("--endpoint", metavar="unix:///PATH",
+                    help="measure the CRI runtime at this socket instead of starting pycrid")
+    ap.add_argument("--daemon-pid", type=int,
+                    help="pid of the runtime for rss (default: the socket's owner)")
+    ap.add_argument("--nri-socket", metavar="PATH",
+                    help="the runtime's NRI socket (with --endpoint; else nri is skipped)")
+    ap.add_argument("--seed", type=int, default=0, help="NRI phase-order seed (default 0)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on exit")
+    args = ap.parse_args(argv)
+    if min(args.iterations, args.pull_rounds, args.list_calls) < 1:
+        ap.error("--iterations, --pull-rounds and --list-calls must be at least 1")
+    if not 1 <= args.pull_layers <= args.pull_mb:
+        ap.error("need 1 <= --pull-layers <= --pull-mb (layers are whole MiB)")
+    if args.rss_pods < 1:
+        ap.error("--rss-pods must be at least 1")
+    if args.endpoint and not args.endpoint.startswith("unix://"):
+        ap.error("--endpoint must be unix:///path/to/socket")
+    if args.nri_socket and not args.endpoint:
+        ap.error("--nri-socket goes with --endpoint (pycrid's own socket is known)")
+    return args
+
+
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def target_env(base: Path, args: argparse.Namespace,
+               report: dict[str, Any]) -> Iterator[tuple[Target, rss.Idle | None]]:
+    """The runtime under test, its idle memory taken before any pull or pod; on exit every
+    pod this run made is removed (all pods, for a pycrid of our own) and images pulled
+    into an outside runtime are removed."""
+    with registry_env(base) as (reg, images):
+        busybox = images.busybox.ref(reg)
+        if args.endpoint is None:
+            # info, not the e2e tests' debug: a debug line per call is not what is measured.
+            with pycrid_daemon(base, reg, images, "--log-level", "info") as daemon:
+                dpid: int = daemon.proc.pid
+                idle = rss.Idle.take(dpid)
+                report["runtime"] = runtime_info(daemon.client, f"unix://{daemon.address}",
+                                                 dpid, started=True)
+                daemon.client.pull(busybox)
+                daemon.client.pull(images.pause.ref(reg))
+                yield Target(base, reg, images, daemon.client, Pods(daemon.client), busybox,
+                             f"unix://{daemon.address}", dpid,
+                             nri_paths(str(base / "daemon"))["socket_path"], daemon), idle
+            return
+        path = args.endpoint.removeprefix("unix://")
+        client = CRIClient(path)
+        pods = Pods(client)
+        try:
+            pid: int | None = args.daemon_pid or socket_owner(path)
+            idle = rss.Idle.take(pid)
+            report["runtime"] = runtime_info(client, args.endpoint, pid, started=False)
+            try:
+                client.pull(busybox)
+                yield Target(base, reg, images, client, pods, busybox, args.endpoint, pid,
+                             args.nri_socket), idle
+            finally:
+                for sid in list(pods.pods):
+                    remove_pod(pods, sid)
+                with contextlib.suppress(Exception):
+                    client.remove(busybox)
+        finally:
+            client.close()
+
+
+def runtime_info(client: CRIClient, endpoint: str, pid: int | None,
+                 started: bool) -> dict[str, Any]:
+    v = client.runtime.Version(pb.VersionRequest(), timeout=30)
+    return {"endpoint": endpoint, "name": v.runtime_name, "version": v.runtime_version,
+            "api_version": v.runtime_api_version, "daemon_pid": pid,
+            "started_by_bench": started}
+
+
+def guarded(name: str, fn: Callable[[], Section], errors: list[str]) -> Section:
+    """Run one section; a failure is recorded and the run goes on with the next."""
+    print(f"== {name}", file=sys.stderr)
+    try:
+        sec = fn()
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        traceback.print_exc()
+        errors.append(f"{name}: {e}")
+        sec = Section(name, skipped=f"error: {str(e).splitlines()[0] if str(e) else e!r}")
+    sec.finish()
+    return sec
+
+
+def run_sections(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
+                 errors: list[str]) -> dict[str, Section]:
+    """rss and list first, so the memory with N pods is not the memory after the pulls;
+    then lifecycle, nri and pull on a runtime with no pod left."""
+    done: dict[str, Section] = {}
+    want = args.sections
+    if "rss" in want or "list" in want:
+        fleet = rss.Fleet(target)
+        try:
+            buildup: list[float] = []
+
+            def build_and_measure() -> Section:
+                buildup.append(fleet.build(args.rss_pods))
+                return rss.run(target, idle, fleet, args.rss_pods, buildup[0])
+
+            sec = guarded("rss", build_and_measure, errors)
+            if "rss" in want:
+                done["rss"] = sec
+            if "list" in want:
+                if buildup:
+                    done["list"] = guarded("list", lambda: listing.run(
+                        target, fleet, args.list_sizes, args.list_calls), errors)
+                else:
+                    done["list"] = Section("list", skipped="error: no pods to list")
+        finally:
+            print("removing pods ...", file=sys.stderr)
+            fleet.remove()
+    if "lifecycle" in want:
+        done["lifecycle"] = guarded("lifecycle", lambda: lifecycle.run(
+            target, args.iterations), errors)
+    if "nri" in want:
+        done["nri"] = guarded("nri", lambda: nri.run(
+            target, args.nri_plugins, args.iterations, args.seed), errors)
+    if "pull" in want:
+        done["pull"] = guarded("pull", lambda: pull.run(
+            target, args.pull_mb, args.pull_layers, args.pull_rounds), errors)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not is_worker():
+        return supervise(argv, PROG)
+    args = parse(argv)
+    check_host(PROG, runtime=args.endpoint is None)
+    arm_signals()
+
+    base = Path(tempfile.mkdtemp(prefix="pycrid-bench-"))
+    t_start = time.monotonic()
+    before = HostSnapshot.take()
+    report: dict[str, Any] = {"schema": "pycrid-bench/1", "runtime": None,
+                              "environment": host_info(),
+                              "options": {k: v for k, v in vars(args).items()
+                                          if k not in ("json", "keep")}}
+    errors: list[str] = []
+    sections: dict[str, Section] = {}
+    left: list[str] = []
+    try:
+        try:
+            with target_env(base, args, report) as (target, idle):
+                sections = run_sections(target, idle, args, errors)
+        finally:
+            dbase = base / "daemon"
+            if (dbase / "config.toml").exists():
+                left += [x for x in leftovers(str(dbase / "root"), str(dbase / "state"))
+                         if not (x.startswith("cgroup ") and x[7:] in before.cgroups)]
+            after = HostSnapshot.take()
+            wait_gone(after.monitors - before.monitors)
+            left += [x for x in HostSnapshot.take().new_since(before, base) if x not in left]
+    except KeyboardInterrupt:
+        print("\ninterrupted; cleaned up", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep:
+            print(f"kept {base}", file=sys.stderr)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+    ordered = [sections[n] for n in SECTIONS if n in sections]
+    rt = report["runtime"] or {}
+    print(f"\n{rt.get('name')} {rt.get('version')} at {rt.get('endpoint')} "
+          f"(pid {rt.get('daemon_pid')}), {report['environment']['cpus']} cpus, "
+          f"kernel {report['environment']['kernel']}\n")
+    print(table(ordered))
+    report.update(sections={s.name: s.as_json() for s in ordered}, errors=errors,
+                  leftovers=left, wall_seconds=round(time.monotonic() - t_start, 2),
+                  ok=not errors and not left)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    if left:
+        print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

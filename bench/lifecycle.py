@@ -1,0 +1,93 @@
+"""Pod and container lifecycle latency over CRI, beside plain ``runc create`` + ``runc start``
+of an equivalent busybox bundle timed in the same loop."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+
+from cri_api.v1 import api_pb2 as pb
+from tests.support.pods import container_config, pod_config
+
+from bench.common import Runc, Target, make_bundle, timed
+from bench.report import Section
+
+POD_START = "pod start (Run+Create+Start)"
+CREATE_START = "CreateContainer+StartContainer"
+RUNC_CS = "runc create+start"
+# figure -> floor; the order is the table's.
+FIGURES = {
+    POD_START: RUNC_CS,
+    "RunPodSandbox": None,
+    "RunPodSandbox hostNetwork": None,
+    CREATE_START: RUNC_CS,
+    "CreateContainer": "runc create",
+    "StartContainer": "runc start",
+    "StopContainer": None,
+    "RemoveContainer": None,
+    "StopPodSandbox": None,
+    "RemovePodSandbox": None,
+}
+FLOORS = (RUNC_CS, "runc create", "runc start")
+
+
+def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None) -> None:
+    """One CRI pod lifecycle, one hostNetwork RunPodSandbox (the pod without CNI) and one
+    runc create/start/delete; ``samples=None`` is a warm-up."""
+    got: dict[str, float] = {}
+    pods = target.pods
+    pod = pod_config("bench-" + secrets.token_hex(4))
+    got["RunPodSandbox"], sid = timed(lambda: pods.run(pod))
+    cfg = container_config(target.busybox, "sleeper", command=["sleep", "3600"])
+    got["CreateContainer"], cid = timed(lambda: pods.create(sid, cfg, pod))
+    got["StartContainer"], _ = timed(lambda: pods.start(cid))
+    got["StopContainer"], _ = timed(lambda: pods.stop(cid, timeout=0))
+    got["RemoveContainer"], _ = timed(lambda: pods.remove(cid))
+    got["StopPodSandbox"], _ = timed(lambda: pods.stop_pod(sid))
+    got["RemovePodSandbox"], _ = timed(lambda: pods.remove_pod(sid))
+
+    host_pod = pod_config("bench-host-" + secrets.token_hex(4), linux=pb.LinuxPodSandboxConfig(
+        security_context=pb.LinuxSandboxSecurityContext(
+            namespace_options=pb.NamespaceOption(network=pb.NODE))))
+    got["RunPodSandbox hostNetwork"], hid = timed(lambda: pods.run(host_pod))
+    pods.stop_pod(hid)
+    pods.remove_pod(hid)
+
+    rid = "bench-" + secrets.token_hex(6)
+    runc.config_for(rid)  # untimed, like writing a bundle is outside runc's clock
+    got["runc create"], _ = timed(lambda: runc.create(rid))
+    got["runc start"], _ = timed(lambda: runc.start(rid))
+    runc.delete(rid)  # untimed: runc 1.1 polls the killed init every 100 ms
+
+    # Sums per round, so a ratio's numerator is a median of sums, not a sum of medians.
+    got[CREATE_START] = got["CreateContainer"] + got["StartContainer"]
+    got[POD_START] = got["RunPodSandbox"] + got[CREATE_START]
+    got[RUNC_CS] = got["runc create"] + got["runc start"]
+    if samples is not None:
+        for name, ms in got.items():
+            samples.setdefault(name, []).append(ms)
+
+
+def run(target: Target, iterations: int, warmup: int = 1) -> Section:
+    sec = Section("lifecycle")
+    runc = Runc(root=target.base / "runc", bundle=target.base / "bundle")
+    samples: dict[str, list[float]] = {}
+    try:
+        make_bundle(runc.bundle)
+        runc.root.mkdir()
+        for _ in range(warmup):
+            one_round(target, runc, None)
+        for i in range(iterations):
+            one_round(target, runc, samples)
+            print(f"\rlifecycle {i + 1}/{iterations}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    finally:
+        runc.cleanup()
+    for name in FLOORS:
+        sec.floor(name, samples[name])
+    for name, floor in FIGURES.items():
+        sec.figure(name, samples[name], floor=floor)
+    sec.notes.append("StopContainer of `sleep 3600` with timeout 0; the runc floor is an "
+                     "equivalent busybox bundle from pycrid's base spec, no conmon, no CNI")
+    sec.extra["iterations"] = iterations
+    return sec

@@ -1,0 +1,158 @@
+"""Smoke tests of ``python -m bench``: every section with tiny numbers end to end, the table
+printed, the JSON well formed, nothing left behind; and ``--endpoint`` against a runtime it
+did not start. Never a speed assertion."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cri_api.v1 import api_pb2 as pb
+
+from tests.support.daemon import nri_paths, running_daemon
+from tests.support.images import TestImages
+from tests.support.pods import daemon_config
+from tests.support.registry import LocalRegistry
+
+pytestmark = pytest.mark.e2e
+
+PROJECT = Path(__file__).resolve().parents[2]
+ITERATIONS, PULL_ROUNDS, RSS_PODS, LIST_CALLS = 2, 1, 2, 3
+LIST_SIZES = (3, 6)
+SECTIONS = ("lifecycle", "nri", "pull", "rss", "list")
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v) and v > 0
+
+
+def _check_stats(name: str, s: dict[str, Any], n: int) -> None:
+    assert s["n"] == n, (name, s)
+    for key in ("median", "p90", "min", "max"):
+        assert _positive(s[key]), (name, key, s)
+    assert s["min"] <= s["median"] <= s["p90"] <= s["max"], (name, s)
+
+
+def _expected_n(section: str, figure: str) -> int:
+    return {"lifecycle": ITERATIONS, "nri": ITERATIONS, "pull": PULL_ROUNDS, "rss": 1,
+            "list": LIST_CALLS}[section]
+
+
+def test_bench(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    # TMPDIR: the benchmark's daemon, registry and logs live under this test's directory,
+    # so the session's leak checks (mounts under the pytest base) cover them too.
+    r = subprocess.run([sys.executable, "-m", "bench", "--iterations", str(ITERATIONS),
+                        "--list-sizes", ",".join(map(str, LIST_SIZES)),
+                        "--list-calls", str(LIST_CALLS), "--rss-pods", str(RSS_PODS),
+                        "--pull-mb", "2", "--pull-layers", "2",
+                        "--pull-rounds", str(PULL_ROUNDS), "--nri-plugins", "0,1",
+                        "--json", str(out)],
+                       cwd=PROJECT, env={**os.environ, "TMPDIR": str(tmp_path)},
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240,
+                       check=False)
+    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
+    header = next(line for line in r.stdout.splitlines() if line.startswith("section"))
+    assert header.split() == ["section", "figure", "unit", "median", "p90", "floor", "ratio"]
+
+    result = json.loads(out.read_text())
+    assert result["ok"] is True and result["errors"] == [] and result["leftovers"] == []
+    rt = result["runtime"]
+    assert rt["name"] == "pycrid" and rt["version"] and rt["started_by_bench"] is True
+    assert isinstance(rt["daemon_pid"], int) and rt["endpoint"].startswith("unix://")
+    env = result["environment"]
+    assert env["cpus"] >= 1 and env["kernel"] and "runc" in env["runc"]
+    assert "conmon" in env["conmon"]
+    assert set(result["sections"]) == set(SECTIONS)
+
+    for name in SECTIONS:
+        sec = result["sections"][name]
+        assert sec["skipped"] is None, (name, sec["skipped"])
+        assert sec["figures"] and sec["floors"], name
+        for fname, floor in sec["floors"].items():
+            _check_stats(fname, floor, _expected_n(name, fname))
+            assert floor["unit"] in ("ms", "MB/s", "KiB")
+            assert f"floor: {fname}" in r.stdout
+        for fname, fig in sec["figures"].items():
+            assert fname in r.stdout, fname
+            _check_stats(fname, fig, _expected_n(name, fname))
+            samples = sec["samples"][fname]
+            assert len(samples) == fig["n"] and all(_positive(v) for v in samples)
+            if fig["floor"] is None:
+                assert fig["ratio"] is None
+                continue
+            base = sec["floors"][fig["floor"]]
+            assert fig["unit"] == base["unit"]
+            assert fig["ratio"] == pytest.approx(fig["median"] / base["median"], rel=1e-9)
+
+    lc = result["sections"]["lifecycle"]["figures"]
+    assert lc["pod start (Run+Create+Start)"]["floor"] == "runc create+start"
+    assert lc["CreateContainer+StartContainer"]["floor"] == "runc create+start"
+    # A whole pod start is its parts, round by round.
+    samples = result["sections"]["lifecycle"]["samples"]
+    for i in range(ITERATIONS):
+        parts = sum(samples[k][i] for k in ("RunPodSandbox", "CreateContainer",
+                                            "StartContainer"))
+        assert samples["pod start (Run+Create+Start)"][i] == pytest.approx(parts)
+
+    nri = result["sections"]["nri"]
+    assert set(nri["figures"]) == {"CreateContainer, 1 NRI plugin"}
+    assert set(nri["floors"]) == {"CreateContainer, 0 NRI plugins"}
+
+    pull = result["sections"]["pull"]
+    assert pull["image"]["layers"] == 2 and pull["image"]["bytes"] > 2 << 20
+    assert not any("did not fetch" in n for n in pull["notes"])
+
+    rss = result["sections"]["rss"]["figures"]
+    # pycrid: one conmon per container, the pause container's included.
+    assert rss["monitor processes"]["median"] == 2 * RSS_PODS
+    assert rss[f"daemon RSS, {RSS_PODS} pods"]["ratio"] > 0
+
+    lst = result["sections"]["list"]
+    assert set(lst["figures"]) == {f"ListContainers ({n} containers)" for n in LIST_SIZES} | {
+        f"ListPodSandbox ({RSS_PODS} pods, {n} containers)" for n in LIST_SIZES}
+    assert lst["exited_containers"] == LIST_SIZES[-1] - RSS_PODS
+    assert not list(tmp_path.glob("pycrid-bench-*")), "benchmark left its temp dir"
+
+
+def test_bench_endpoint(tmp_path: Path, registry: LocalRegistry,
+                        test_images: TestImages) -> None:
+    """``--endpoint``: a runtime the benchmark did not start (a pycrid of this test's, on
+    its own registry) is measured through its socket; its pid is found from the socket,
+    NRI goes through ``--nri-socket``, and it is handed back with no pod and no image of
+    the benchmark's left."""
+    base = tmp_path / "rt"
+    with running_daemon(str(base), daemon_config(registry, test_images, base)) as d:
+        images_before = {i.id for i in d.client.list()}
+        out = tmp_path / "out.json"
+        r = subprocess.run([sys.executable, "-m", "bench", "--endpoint", f"unix://{d.address}",
+                            "--nri-socket", nri_paths(str(base))["socket_path"],
+                            "--sections", "lifecycle,nri,rss", "--iterations", "1",
+                            "--rss-pods", "1", "--nri-plugins", "1", "--json", str(out)],
+                           cwd=PROJECT, env={**os.environ, "TMPDIR": str(tmp_path)},
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=240, check=False)
+        assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
+        result = json.loads(out.read_text())
+        assert result["ok"] is True
+        assert result["runtime"] == {"endpoint": f"unix://{d.address}", "name": "pycrid",
+                                     "version": result["runtime"]["version"],
+                                     "api_version": "v1", "daemon_pid": d.proc.pid,
+                                     "started_by_bench": False}
+        assert set(result["sections"]) == {"lifecycle", "nri", "rss"}
+        for name, sec in result["sections"].items():
+            assert sec["skipped"] is None, (name, sec["skipped"])
+        nri = result["sections"]["nri"]["figures"]["CreateContainer, 1 NRI plugin"]
+        assert _positive(nri["ratio"])
+        assert result["sections"]["rss"]["figures"]["monitor processes"]["median"] == 2
+        assert d.client.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items \
+            == []
+        # Only the runtime's own sandbox image (from its registry) may have appeared.
+        left = {t for i in d.client.list() if i.id not in images_before for t in i.repo_tags}
+        assert left <= {test_images.pause.ref(registry)}, left
