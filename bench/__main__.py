@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -87,6 +88,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help=f"calls timed per list size and kind (default {listing.CALLS})")
     ap.add_argument("--endpoint", metavar="unix:///PATH",
                     help="measure the CRI runtime at this socket instead of starting pycrid")
+    ap.add_argument("--pycrid-src", metavar="DIR", default="",
+                    help="run the pycrid package under DIR (another checkout's src/, e.g. a "
+                         "`git worktree` of an earlier commit) instead of this one's")
     ap.add_argument("--daemon-pid", type=int,
                     help="pid of the runtime for rss (default: the socket's owner)")
     ap.add_argument("--nri-socket", metavar="PATH",
@@ -120,11 +124,13 @@ def target_env(base: Path, args: argparse.Namespace,
         busybox = images.busybox.ref(reg)
         if args.endpoint is None:
             # info, not the e2e tests' debug: a debug line per call is not what is measured.
-            with pycrid_daemon(base, reg, images, "--log-level", "info") as daemon:
+            with pycrid_daemon(base, reg, images, "--log-level", "info",
+                               src=args.pycrid_src) as daemon:
                 dpid: int = daemon.proc.pid
                 idle = rss.Idle.take(dpid)
                 report["runtime"] = runtime_info(daemon.client, f"unix://{daemon.address}",
                                                  dpid, started=True)
+                report["runtime"]["pycrid_src"] = os.path.abspath(args.pycrid_src or "src")
                 daemon.client.pull(busybox)
                 daemon.client.pull(images.pause.ref(reg))
                 yield Target(base, reg, images, daemon.client, Pods(daemon.client), busybox,

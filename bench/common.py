@@ -133,11 +133,13 @@ def registry_env(base: Path) -> Iterator[tuple[LocalRegistry, TestImages]]:
 
 @contextlib.contextmanager
 def pycrid_daemon(base: Path, reg: LocalRegistry, images: TestImages,
-                  *extra: str) -> Iterator[Daemon]:
+                  *extra: str, src: str = "") -> Iterator[Daemon]:
     """``pycrid serve`` on ``base/daemon``, configured as the e2e tests configure it; on
-    exit every pod it knows is removed before it is stopped."""
+    exit every pod it knows is removed before it is stopped. ``src``: run the ``pycrid``
+    package of another checkout's ``src`` directory (an earlier commit, say) instead."""
+    env = {"PYTHONPATH": os.path.abspath(src)} if src else None
     with running_daemon(str(base / "daemon"), daemon_config(reg, images, base),
-                        *extra) as daemon:
+                        *extra, env=env) as daemon:
         try:
             yield daemon
         finally:

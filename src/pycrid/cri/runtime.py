@@ -23,6 +23,8 @@ class RuntimeServicer:
         self.core = core
         self.streams = streams
         self.stream_server = stream_server
+        self._pod_msgs = convert.MessageCache(convert.sandbox_pb)
+        self._container_msgs = convert.MessageCache(convert.container_pb)
 
     async def Version(self, request: Any, context: Any) -> Any:
         name, version, api = self.core.version()
@@ -76,8 +78,8 @@ class RuntimeServicer:
 
     async def ListPodSandbox(self, request: Any, context: Any) -> Any:
         flt = request.filter if request.HasField("filter") else None
-        return pb.ListPodSandboxResponse(
-            items=[convert.sandbox_pb(r) for r in self.core.pods.list(flt)])
+        return pb.ListPodSandboxResponse(items=self._pod_msgs.messages(
+            self.core.pods.list(flt), complete=_selects_all(flt)))
 
     # ---- containers --------------------------------------------------------------------
 
@@ -101,8 +103,8 @@ class RuntimeServicer:
 
     async def ListContainers(self, request: Any, context: Any) -> Any:
         flt = request.filter if request.HasField("filter") else None
-        return pb.ListContainersResponse(
-            containers=[convert.container_pb(r) for r in self.core.containers.list(flt)])
+        return pb.ListContainersResponse(containers=self._container_msgs.messages(
+            self.core.containers.list(flt), complete=_selects_all(flt)))
 
     async def ContainerStatus(self, request: Any, context: Any) -> Any:
         rec = self.core.containers.find(request.container_id, visible=True)
@@ -185,3 +187,8 @@ class RuntimeServicer:
                 yield convert.container_event_pb(event)
         finally:
             sub.close()
+
+
+def _selects_all(flt: Any) -> bool:
+    """No filter, or one with no field set (the kubelet's relist sends an empty one)."""
+    return flt is None or not flt.ListFields()
