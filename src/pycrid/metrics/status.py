@@ -63,13 +63,21 @@ def _short(counts: dict[str, int], prefix: str) -> str:
                      for state, n in counts.items())
 
 
-def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
+def _asked(socket_path: str) -> tuple[Report, dict[str, Any]] | None:
+    """The report and its ``nri`` part; None (said on stderr) when unreachable."""
     try:
         report = ask(socket_path)
     except Unreachable as e:
         print(f"pycrid: {e}", file=sys.stderr)
+        return None
+    return report, report.info.get("nri") or {"enabled": False, "socket": "", "plugins": []}
+
+
+def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
+    asked = _asked(socket_path)
+    if asked is None:
         return UNREACHABLE
-    nri = report.info.get("nri") or {"enabled": False, "socket": "", "plugins": []}
+    report, nri = asked
     pods = report.info.get("pods") or {}
     ctrs = report.info.get("containers") or {}
     if as_json:
@@ -107,12 +115,10 @@ def plugin_totals(plugin: dict[str, Any]) -> tuple[int, int, float]:
 
 
 def nri_plugins(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
-    try:
-        report = ask(socket_path)
-    except Unreachable as e:
-        print(f"pycrid: {e}", file=sys.stderr)
+    asked = _asked(socket_path)
+    if asked is None:
         return UNREACHABLE
-    nri = report.info.get("nri") or {"enabled": False, "socket": "", "plugins": []}
+    nri = asked[1]
     if as_json:
         json.dump(nri, out, sort_keys=True)
         out.write("\n")
