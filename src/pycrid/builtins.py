@@ -181,6 +181,7 @@ async def _init_cri(ctx: InitContext) -> Any:
         warnings=loaded.warnings,
         nri_config=ctx.get_by_id(NRI, "nri"),
     )
+    core.config_source = loaded.source
     # Metrics and tracing are the daemon's (absent when tests build a core by hand).
     metrics = ctx.properties.get("metrics")
     tracer = ctx.properties.get("tracer")

@@ -56,6 +56,25 @@ def test_status_and_plugins(daemon: Daemon, tmp_path: Path) -> None:
     assert empty["pods"] == {"SANDBOX_READY": 0, "SANDBOX_NOTREADY": 0}
     nri_socket = nri_paths(daemon.extra["base"])["socket_path"]
     assert empty["nri"] == {"enabled": True, "socket": nri_socket, "plugins": []}
+    assert empty["ready"] is True
+    d = empty["daemon"]
+    assert d["pid"] == daemon.proc.pid and d["uptime_seconds"] >= 0
+    assert d["config_file"] == os.path.join(daemon.extra["base"], "config.toml")
+    assert (d["root"], d["state"]) == (daemon.root, daemon.state)
+    assert d["sockets"] == {"cri": daemon.address, "nri": nri_socket, "metrics": ""}
+    assert empty["streaming"]["url"].startswith("http://127.0.0.1:")
+    assert empty["images"]["count"] == 1  # busybox, pulled by the fixture
+    assert empty["images"]["bytes"] > 0
+    assert empty["network"]["conf_dir"] == conf_dir(daemon.extra["base"])
+    assert [n["name"] for n in empty["network"]["networks"]] == ["pycrid-test"]
+    assert empty["network"]["error"] == "" and empty["warnings"] == []
+    text = dict(line.split(":", 1) for line in cli("status", "--address", sock).stdout
+                .splitlines())
+    assert text["PID"].strip().startswith(f"{daemon.proc.pid}, up ")
+    assert text["CRI socket"].strip() == daemon.address
+    assert text["Config"].strip() == d["config_file"]
+    assert text["CNI networks"].strip().startswith("pycrid-test (")
+    assert text["Images"].strip().startswith("1 (")
 
     record = tmp_path / "plugin.jsonl"
     pods = Pods(daemon.client)
@@ -92,9 +111,10 @@ def test_status_and_plugins(daemon: Daemon, tmp_path: Path) -> None:
         table = cli("nri", "plugins", "--address", sock)
         assert table.returncode == 0
         header, row = table.stdout.splitlines()
-        assert header.split() == ["INDEX", "NAME", "EVENTS", "CALLS", "ERRORS", "MEAN"]
+        assert header.split() == ["INDEX", "NAME", "EVENTS", "CALLS", "ERRORS", "MEAN", "LAST",
+                                  "ERROR"]
         cells = row.split()
-        assert cells[:2] == ["42", "stat"] and int(cells[4]) == 0
+        assert cells[:2] == ["42", "stat"] and int(cells[4]) == 0 and cells[6] == "-"
         assert int(cells[3]) >= 2 + 1 + 1  # Configure, Synchronize, RunPodSandbox, ...
 
         text = cli("status", "--address", sock)
@@ -102,7 +122,9 @@ def test_status_and_plugins(daemon: Daemon, tmp_path: Path) -> None:
         lines = dict(line.split(":", 1) for line in text.stdout.splitlines())
         assert lines["Pods"].strip() == "1 ready, 0 notready"
         assert lines["Containers"].strip() == "1 created, 1 running, 0 exited, 0 unknown"
-        assert lines["NRI plugins"].strip().startswith("1 ")
+        assert lines["NRI plugins"].strip() == "1"
+        assert lines["  42-stat"].strip().startswith(
+            f"{','.join(p['events'])}; ") and ", 0 errors" in lines["  42-stat"]
         pods.remove(created)
         pods.stop(cid)
     pods.cleanup()
@@ -140,3 +162,29 @@ def test_default_address_comes_from_the_config(tmp_path: Path) -> None:
     proc = cli("status", "--config", str(config))
     assert proc.returncode == 2
     assert sock in proc.stderr
+
+
+def test_a_failing_plugin_shows_its_last_error(daemon: Daemon, tmp_path: Path) -> None:
+    nri_socket = nri_paths(daemon.extra["base"])["socket_path"]
+    record = tmp_path / "failing.jsonl"
+    pods = Pods(daemon.client)
+    with external_plugin(nri_socket, "fail", "flaky", "43", "--on", "PostStartContainer",
+                         "--reason", "out of tokens", record=record):
+        wait_events(record, has_event("Synchronize"), 20, "the plugin to synchronise")
+        pod = pod_config()
+        sid = pods.run(pod)
+        # A Post* event is one whose error is only logged: the call succeeds.
+        pods.run_container(sid, container_config(daemon.extra["busybox"], "c",
+                                                 command=["sleep", "300"]), pod)
+        wait_events(record, has_event("Failing"), 20, "the plugin to fail PostStartContainer")
+        rc, nri = cli_json("nri", "plugins", "--address", daemon.address)
+        assert rc == 0
+        [p] = [p for p in nri["plugins"] if p["name"] == "flaky"]
+        assert p["last_error"] == "PostStartContainer: out of tokens"
+        assert p["calls"]["PostStartContainer"] == {**p["calls"]["PostStartContainer"],
+                                                    "count": 1, "errors": 1}
+        assert p["calls"]["CreateContainer"]["errors"] == 0
+        text = cli("status", "--address", daemon.address).stdout
+        [row] = [line for line in text.splitlines() if line.startswith("  43-flaky:")]
+        assert "1 errors" in row and row.endswith("last error: PostStartContainer: out of tokens")
+    pods.cleanup()

@@ -15,6 +15,7 @@ daemon leaves other tests' containers alone. Kinds:
                ``--block`` it sleeps with the event loop blocked, so it cannot even see
                the runtime hang up on it.
 ``crash``      ``os._exit(3)`` in ``--on EVENT`` (after recording it).
+``fail``       answers ``--on EVENT`` with an error (``--reason TEXT``) and carries on.
 ``validator``  rejects containers whose name matches ``--reject-name REGEX`` with
                ``--reason TEXT``.
 ``slow-register``  a recorder that waits ``--register-delay`` before connecting and
@@ -49,7 +50,7 @@ from pycrid.nri import Adjustment, api, run
 
 PROJECT = Path(__file__).resolve().parents[2]
 MODULE = "tests.support.nri_plugins"
-KINDS = ("recorder", "adjuster", "hang", "crash", "validator", "slow-register")
+KINDS = ("recorder", "adjuster", "hang", "crash", "fail", "validator", "slow-register")
 
 # ---------------------------------------------------------------- the plugin
 
@@ -134,6 +135,9 @@ class TestPlugin:
         if self.kind == "crash":
             self.record("Crashing", on=event)
             os._exit(3)
+        if self.kind == "fail":
+            self.record("Failing", on=event)
+            raise RuntimeError(self.reason)
         if self.kind == "hang":
             self.record("Hanging", on=event, blocking=self.block)
             if self.block:

@@ -66,6 +66,7 @@ CONTAINER_STATES = ("CONTAINER_CREATED", "CONTAINER_RUNNING", "CONTAINER_EXITED"
                     "CONTAINER_UNKNOWN")
 _CONTAINER_STATE_NAMES = dict(enumerate(CONTAINER_STATES))
 
+
 class CRIService:
     def __init__(
         self,
@@ -98,6 +99,11 @@ class CRIService:
         #: Container and pod stats: owns the one sampling loop (started in start()).
         self.stats = stats
         self.handlers = dict(handlers or {})
+        #: For `pycrid status`: when this daemon started, and the config file it read
+        #: (set by the wiring; empty: the embedded defaults).
+        self.started_at = time.time()
+        self._started = time.monotonic()
+        self.config_source = ""
         self.exits = ExitWatcher(runtime.exit_dir, self._exit_file)
         self.monitor = ExitMonitor(self._handle_exit)
         #: The CNI CHECKs of pods that survived the restart (after the gate opened).
@@ -210,7 +216,31 @@ class CRIService:
             "pods": json.dumps(self.pod_counts()),
             "containers": json.dumps(self.container_counts()),
             "nri": json.dumps(self._nri_info()),
+            "daemon": json.dumps(self._daemon_info()),
+            "images": json.dumps(self._image_info()),
         }
+
+    def _daemon_info(self) -> dict[str, Any]:
+        """Who and where: pid, start time, uptime, config file, directories, sockets."""
+        cfg = self.config
+        nri = self.nri.adaptation
+        return {
+            "pid": os.getpid(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
+            "uptime_seconds": round(time.monotonic() - self._started, 1),
+            "config_file": self.config_source, "root": cfg.root, "state": cfg.state,
+            "sockets": {
+                "cri": cfg.grpc.address.removeprefix("unix://"),
+                "nri": "" if nri is None or nri.config.disable_connections
+                else nri.config.socket_path,
+                "metrics": cfg.metrics.address,
+            },
+        }
+
+    def _image_info(self) -> dict[str, Any]:
+        images = self.images.store.list()
+        return {"count": len(images), "bytes": sum(i.size for i in images),
+                "sandbox_image": self.images.config.sandbox_image}
 
     def pod_counts(self) -> dict[str, int]:
         """Visible pods by CRI state name (every state, 0 included), from memory."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,6 +36,8 @@ class RuntimeServicer:
         conds = [pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason,
                                      message=c.message) for c in await self.core.conditions()]
         info = self.core.status_info() if request.verbose else {}
+        if request.verbose:
+            info["streaming"] = json.dumps({"url": self.stream_server.base_url})
         handlers = [pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures(
             recursive_read_only_mounts=f.recursive_read_only_mounts,
             user_namespaces=f.user_namespaces)) for name, f in self.core.runtime_handlers()]

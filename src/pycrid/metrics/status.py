@@ -74,35 +74,93 @@ def _asked(socket_path: str) -> tuple[Report, dict[str, Any]] | None:
 
 
 def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """The whole picture; exit 0 only when RuntimeReady and NetworkReady are true (a health
+    check), 1 when one is not, 2 when the daemon cannot be asked."""
     asked = _asked(socket_path)
     if asked is None:
         return UNREACHABLE
     report, nri = asked
-    pods = report.info.get("pods") or {}
-    ctrs = report.info.get("containers") or {}
+    info = report.info
+    doc = {"runtime": report.version, "ready": _ready(report),
+           "conditions": report.conditions, "daemon": info.get("daemon") or {},
+           "streaming": info.get("streaming") or {}, "pods": info.get("pods") or {},
+           "containers": info.get("containers") or {}, "images": info.get("images") or {},
+           "nri": nri, "network": _network(info.get("cniconfig") or {}),
+           "warnings": info.get("warnings") or []}
     if as_json:
-        json.dump({"runtime": report.version, "conditions": report.conditions, "pods": pods,
-                   "containers": ctrs, "nri": nri}, out, sort_keys=True)
+        json.dump(doc, out, sort_keys=True)
         out.write("\n")
     else:
-        v = report.version
-        rows = [("Runtime", f"{v['name']} {v['version']} (CRI {v['api_version']})")]
-        for c in report.conditions:
-            text = "true" if c["status"] else "false"
-            if c["reason"] or c["message"]:
-                text += f" ({c['reason']}: {c['message']})"
-            rows.append((c["type"], text))
-        rows.append(("Pods", _short(pods, "SANDBOX_")))
-        rows.append(("Containers", _short(ctrs, "CONTAINER_")))
-        if nri.get("enabled"):
-            where = f"socket {nri['socket']}" if nri.get("socket") else "no socket"
-            rows.append(("NRI plugins", f"{len(nri.get('plugins', []))} ({where})"))
-        else:
-            rows.append(("NRI plugins", "NRI disabled"))
-        width = max(len(k) for k, _ in rows) + 2
-        for key, text in rows:
-            out.write(f"{key + ':':<{width}}{text}\n")
-    return OK if _ready(report) else NOT_READY
+        _print_rows(out, _status_rows(doc))
+    return OK if doc["ready"] else NOT_READY
+
+
+def _network(cni: dict[str, Any]) -> dict[str, Any]:
+    """containerd's ``cniconfig`` shape, reduced to what an operator looks at."""
+    return {"conf_dir": cni.get("PluginConfDir", ""), "error": cni.get("Error", ""),
+            "networks": [{"name": n["Config"]["Name"], "source": n["Config"]["Source"],
+                          "plugins": n["Config"]["Plugins"], "interface": n["IFName"]}
+                         for n in cni.get("Networks") or []]}
+
+
+def _uptime(seconds: float) -> str:
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    v, d = doc["runtime"], doc["daemon"]
+    rows = [("Runtime", f"{v['name']} {v['version']} (CRI {v['api_version']})")]
+    if d:
+        rows += [("PID", f"{d['pid']}, up {_uptime(d['uptime_seconds'])} "
+                         f"(since {d['started_at']})"),
+                 ("Config", d["config_file"] or "embedded defaults (no config file)"),
+                 ("Root, state", f"{d['root']}, {d['state']}")]
+        socks = d.get("sockets") or {}
+        rows.append(("CRI socket", socks.get("cri", "")))
+        if doc["streaming"].get("url"):
+            rows.append(("Streaming", doc["streaming"]["url"]))
+        rows.append(("NRI socket", socks.get("nri") or "none (no external plugins)"))
+        rows.append(("Metrics", f"http://{socks['metrics']}/v1/metrics" if socks.get("metrics")
+                     else "off ([metrics] address)"))
+    for c in doc["conditions"]:
+        text = "true" if c["status"] else "false"
+        if c["reason"] or c["message"]:
+            text += f" ({c['reason']}: {c['message']})"
+        rows.append((c["type"], text))
+    net = doc["network"]
+    names = ", ".join(f"{n['name']} ({n['source']})" for n in net["networks"])
+    rows.append(("CNI networks", names or f"none in {net['conf_dir']}"))
+    rows.append(("Pods", _short(doc["pods"], "SANDBOX_")))
+    rows.append(("Containers", _short(doc["containers"], "CONTAINER_")))
+    img = doc["images"]
+    if img:
+        rows.append(("Images", f"{img['count']} ({img['bytes'] / (1 << 20):.1f} MiB), "
+                               f"sandbox image {img['sandbox_image']}"))
+    nri = doc["nri"]
+    if not nri.get("enabled"):
+        rows.append(("NRI plugins", "NRI disabled"))
+    else:
+        plugins = nri.get("plugins", [])
+        rows.append(("NRI plugins", str(len(plugins)) if plugins else "none connected"))
+        for p in plugins:
+            calls, errors, _ = plugin_totals(p)
+            text = f"{','.join(p['events']) or '-'}; {calls} calls, {errors} errors"
+            if p.get("last_error"):
+                text += f"; last error: {p['last_error']}"
+            rows.append((f"  {p['index']}-{p['name']}", text))
+    for w in doc["warnings"]:
+        rows.append(("Warning", w))
+    return rows
+
+
+def _print_rows(out: TextIO, rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows) + 2
+    for key, text in rows:
+        out.write(f"{key + ':':<{width}}{text}\n")
 
 
 def plugin_totals(plugin: dict[str, Any]) -> tuple[int, int, float]:
@@ -126,11 +184,11 @@ def nri_plugins(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> in
     if not nri.get("enabled"):
         out.write("NRI is disabled\n")
         return OK
-    rows = [("INDEX", "NAME", "EVENTS", "CALLS", "ERRORS", "MEAN")]
+    rows = [("INDEX", "NAME", "EVENTS", "CALLS", "ERRORS", "MEAN", "LAST ERROR")]
     for p in nri.get("plugins", []):
         calls, errors, mean = plugin_totals(p)
         rows.append((p["index"], p["name"], ",".join(p["events"]), str(calls), str(errors),
-                     f"{mean:.2f}ms"))
+                     f"{mean:.2f}ms", p.get("last_error") or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()

@@ -132,6 +132,8 @@ class ConnectedPlugin:
         self.tracer = tracer
         #: Calls by method (Configure, Synchronize, CreateContainer, ...).
         self.calls: dict[str, CallStats] = {}
+        #: The newest failed call, as "Method: why" (``pycrid nri plugins``).
+        self.last_error = ""
         #: Wall-clock time the connection was attached; the plugin's pid when known.
         self.connected_since = 0.0
         self.pid: int | None = getattr(launched.process, "pid", None) if launched else None
@@ -168,6 +170,7 @@ class ConnectedPlugin:
             "events": api.event_names(self.events).split(",") if self.events else [],
             "connected_since": since.isoformat(timespec="seconds").replace("+00:00", "Z"),
             "pid": self.pid,
+            "last_error": self.last_error,
             "calls": {method: {"count": c.count, "errors": c.errors,
                                "mean_ms": round(c.total / c.count * 1000, 3) if c.count else 0,
                                "max_ms": round(c.max * 1000, 3)}
@@ -267,6 +270,9 @@ class ConnectedPlugin:
                     answer = await self._call(method, request, response, timeout)
             failed = False
             return answer
+        except (PluginGone, PluginFailed) as e:
+            self.last_error = f"{method}: {e.message if isinstance(e, PluginFailed) else e}"
+            raise
         finally:
             self._account(method, time.monotonic() - started, failed)
 
