@@ -1,5 +1,5 @@
 """The ``pycrid`` command: ``serve``, ``config default``, ``config migrate``, ``version``,
-``status``, ``nri plugins``."""
+``status``, ``nri plugins``, ``install-service``."""
 
 from __future__ import annotations
 
@@ -25,11 +25,22 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--address", "-a", help="CRI socket path (config: [grpc] address)")
     serve.add_argument("--log-level", "-l", choices=["debug", "info", "warning", "error"],
                        help="config: [debug] level")
-    serve.add_argument("--log-format", choices=["text", "json"], help="config: [debug] format")
+    serve.add_argument("--log-format", choices=["text", "json", "journald"],
+                       help="config: [debug] format (text becomes journald when stderr is "
+                       "the journal)")
+
+    install = sub.add_parser("install-service", help="write the systemd unit pycrid.service")
+    install.add_argument("--unit-dir", default="/etc/systemd/system",
+                         help="where to write pycrid.service (default %(default)s)")
+    install.add_argument("--executable", help="the pycrid executable ExecStart runs (default: "
+                         "this one)")
+    install.add_argument("--force", action="store_true",
+                         help="replace an existing, different pycrid.service")
 
     config = sub.add_parser("config", help="show or upgrade configuration")
     csub = config.add_subparsers(dest="config_command", required=True)
     csub.add_parser("default", help="print every key with its default")
+    csub.add_parser("reference", help="print the configuration reference (Markdown)")
     migrate = csub.add_parser("migrate", help="print the config upgraded to the current version")
     migrate.add_argument("--config", "-c", required=True, help="the config file to upgrade")
 
@@ -74,7 +85,13 @@ def _serve(args: argparse.Namespace) -> int:
     from pycrid.config.decode import ConfigError
     from pycrid.config.loader import default_config_path, load
     from pycrid.daemon import serve
+    from pycrid.preflight import require_root
 
+    try:
+        require_root()
+    except PycridError as e:
+        print(f"pycrid: {e}", file=sys.stderr)
+        return 1
     try:
         loaded = load(default_config_path(args.config), registry().registrations())
     except ConfigError as e:
@@ -111,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command in ("status", "nri"):
         return _client(args)
+    if args.command == "install-service":
+        from pycrid.install import install_service
+
+        return install_service(args.unit_dir, args.executable, force=args.force)
     from pycrid.builtins import registry
     from pycrid.config.decode import ConfigError
     from pycrid.config.loader import migrate, read_toml, render_default, render_raw
@@ -118,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     regs = registry().registrations()
     if args.config_command == "default":
         sys.stdout.write(render_default(regs))
+        return 0
+    if args.config_command == "reference":
+        from pycrid.config.reference import render_reference
+
+        sys.stdout.write(render_reference(regs))
         return 0
     try:
         raw, _ = migrate(read_toml(args.config), regs)
