@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from pycrid import __version__
+from pycrid import __version__, preflight
 from pycrid.builtins import GRPC, registry
 from pycrid.config.decode import ConfigError
 from pycrid.config.loader import LoadedConfig
@@ -22,6 +22,7 @@ from pycrid.config.schema import GrpcConfig
 from pycrid.errors import FailedPrecondition
 from pycrid.metrics import Metrics
 from pycrid.plugin.registry import init_all
+from pycrid.sdnotify import Notifier
 
 log = logging.getLogger("pycrid")
 
@@ -41,8 +42,14 @@ class SocketLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        os.makedirs(os.path.dirname(self.path), mode=0o711, exist_ok=True)
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        _make_dir(os.path.dirname(self.path), 0o711, "the CRI socket directory",
+                  "choose another --address ([grpc] address)")
+        try:
+            fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise FailedPrecondition(
+                f"cannot create {self.path}.lock beside the CRI socket: {e.strerror}; the "
+                "directory must be writable by root (or choose another --address)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -75,6 +82,17 @@ class SocketLock:
             self._fd = None
 
 
+def _make_dir(path: str, mode: int, what: str, hint: str) -> None:
+    try:
+        os.makedirs(path, mode=mode, exist_ok=True)
+    except OSError as e:
+        why = ("it exists and is not a directory" if isinstance(e, FileExistsError)
+               else f"{e.strerror} ({e.filename})")
+        raise FailedPrecondition(f"cannot create {what} {path}: {why}; {hint}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise FailedPrecondition(f"{what} {path} is not writable; {hint}")
+
+
 def _read(key: str, path: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -96,10 +114,14 @@ def _tcp_credentials(cfg: GrpcConfig) -> grpc.ServerCredentials | None:
 async def serve(loaded: LoadedConfig) -> None:
     """Run until SIGTERM/SIGINT."""
     cfg = loaded.config
+    notifier = Notifier.from_env()  # before any child (runc) could inherit NOTIFY_SOCKET
     for w in loaded.warnings:
         log.warning("config: %s", w)
-    os.makedirs(cfg.root, mode=0o700, exist_ok=True)
-    os.makedirs(cfg.state, mode=0o711, exist_ok=True)
+    runtime_cfg = loaded.plugins.get("pycrid.cri.v1.runtime")
+    preflight.check_cgroup_driver(getattr(runtime_cfg, "cgroup_driver", "cgroupfs"))
+    preflight.check_cgroups()
+    _make_dir(cfg.root, 0o700, "the root directory", "set root (--root) to a writable path")
+    _make_dir(cfg.state, 0o711, "the state directory", "set state (--state) to a writable path")
     path = socket_path(cfg.grpc.address)
     lock = SocketLock(path)
     lock.acquire()
@@ -108,6 +130,7 @@ async def serve(loaded: LoadedConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     plugins = None
+    ready = False
     server: grpc.aio.Server | None = None
     services: dict[str, Any] = {}
     metrics = Metrics()
@@ -159,9 +182,12 @@ async def serve(loaded: LoadedConfig) -> None:
             await svc.start()
         await plugins.wait_ready()
         log.info("pycrid is ready")
+        ready = notifier.ready(f"serving CRI on {path}")
         await stop.wait()
         log.info("stopping")
     finally:
+        if ready:
+            notifier.stopping()
         if server is not None:
             for svc in services.values():
                 svc.end_streams()  # open event streams would hold up the grace period

@@ -54,7 +54,9 @@ class GrpcConfig:
 @dataclass
 class DebugConfig:
     level: str = cfg("info", "Log level.", one_of("debug", "info", "warning", "error"))
-    format: str = cfg("text", "Log format on stderr.", one_of("text", "json"))
+    format: str = cfg("text", "Log format on stderr: text, json, or journald (priority prefix,\n"
+                      "no timestamp); text turns into journald when stderr is the journal.",
+                      one_of("text", "json", "journald"))
 
 
 def _host_port_or_empty(v: Any) -> str | None:

@@ -38,18 +38,29 @@ CREATE_TIMEOUT = 60.0
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def find_binary(configured: str, name: str) -> str:
-    path = configured or shutil.which(name, path=_SEARCH_PATH)
-    if not path or not os.access(path, os.X_OK):
-        raise Unavailable(f"{name} binary {configured or name!r} not found or not executable")
+_INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install runc conmon)"
+
+
+def find_binary(configured: str, name: str, key: str = "") -> str:
+    """The binary's path, or an error that says how to get one (``key`` is its config key)."""
+    key = key or f"{name}_path"
+    if configured:
+        if os.path.isfile(configured) and os.access(configured, os.X_OK):
+            return configured
+        raise Unavailable(f"{name} binary {configured!r} (config {key}) does not exist or is "
+                          f"not executable; {_INSTALL_HINT} or fix {key}")
+    path = shutil.which(name, path=_SEARCH_PATH)
+    if not path:
+        raise Unavailable(f"{name} binary not found in {_SEARCH_PATH}; {_INSTALL_HINT} or set "
+                          f"{key} to its path")
     return path
 
 
 class ConmonRuntime(ContainerRuntime):
     def __init__(self, *, state_dir: str, runc: str = "", conmon: str = "",
                  systemd_cgroup: bool = False, runc_root: str = "") -> None:
-        self.runc = find_binary(runc, "runc")
-        self.conmon = find_binary(conmon, "conmon")
+        self.runc = find_binary(runc, "runc", "runtime_path")
+        self.conmon = find_binary(conmon, "conmon", "conmon_path")
         self.runc_root = runc_root or os.path.join(state_dir, "runc")
         self.exit_dir = os.path.join(state_dir, "exits")
         self.socket_dir = os.path.join(state_dir, "conmon")
