@@ -46,7 +46,17 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
         yield d
 
 
-def test_status_and_plugins(daemon: Daemon, tmp_path: Path) -> None:
+@pytest.fixture
+def pods(daemon: Daemon) -> Iterator[Pods]:
+    """Every pod a test made is removed, also when the test fails half-way."""
+    p = Pods(daemon.client)
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+def test_status_and_plugins(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:
     sock = daemon.address
     rc, empty = cli_json("status", "--address", sock)
     assert rc == 0
@@ -77,7 +87,6 @@ def test_status_and_plugins(daemon: Daemon, tmp_path: Path) -> None:
     assert text["Images"].strip().startswith("1 (")
 
     record = tmp_path / "plugin.jsonl"
-    pods = Pods(daemon.client)
     with external_plugin(nri_socket, "recorder", "stat", "42", record=record) as plugin:
         wait_events(record, has_event("Synchronize"), 20, "the plugin to synchronise")
         pod = pod_config()
@@ -164,10 +173,10 @@ def test_default_address_comes_from_the_config(tmp_path: Path) -> None:
     assert sock in proc.stderr
 
 
-def test_a_failing_plugin_shows_its_last_error(daemon: Daemon, tmp_path: Path) -> None:
+def test_a_failing_plugin_shows_its_last_error(daemon: Daemon, pods: Pods,
+                                              tmp_path: Path) -> None:
     nri_socket = nri_paths(daemon.extra["base"])["socket_path"]
     record = tmp_path / "failing.jsonl"
-    pods = Pods(daemon.client)
     with external_plugin(nri_socket, "fail", "flaky", "43", "--on", "PostStartContainer",
                          "--reason", "out of tokens", record=record):
         wait_events(record, has_event("Synchronize"), 20, "the plugin to synchronise")
