@@ -61,10 +61,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace) -> int:
+    from pycrid import status
     from pycrid.builtins import registry
     from pycrid.config.decode import ConfigError
     from pycrid.config.loader import default_config_path, load
-    from pycrid.metrics import status
 
     address = args.address
     if not address:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import network
-from tests.support.daemon import mounts_under
-from tests.support.pods import command_lines, container_cgroups
+from tests.support.daemon import Daemon, mounts_under
+from tests.support.pods import Pods, command_lines, container_cgroups
 
 
 def _processes(names: tuple[str, ...]) -> list[str]:
@@ -43,3 +43,14 @@ def nothing_leaked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     assert not leaked_veths, f"veth interfaces left behind: {leaked_veths}"
     assert not leaked_rules, f"pod port-mapping rules left in the nat table: {leaked_rules}"
     assert not leaked_ips, f"pod IPs still allocated in host-local stores: {leaked_ips}"
+
+
+@pytest.fixture
+def pods(daemon: Daemon) -> Iterator[Pods]:
+    """Pods of one test on its module's ``daemon``; every pod it made is removed afterwards,
+    also when the test fails half-way. (Modules may define their own.)"""
+    p = Pods(daemon.client)
+    try:
+        yield p
+    finally:
+        p.cleanup()

@@ -16,7 +16,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.oci.defaults import default_spec
 from tests.support.daemon import Daemon, running_daemon, serve_command
 from tests.support.images import TestImages
-from tests.support.pods import Pods, container_config, daemon_config, pod_config
+from tests.support.pods import Pods, busybox_daemon, container_config, daemon_config, pod_config
 from tests.support.registry import LocalRegistry
 
 pytestmark = pytest.mark.e2e
@@ -54,9 +54,7 @@ def config_text(base: Path, registry: LocalRegistry, test_images: TestImages) ->
 @pytest.fixture(scope="module")
 def daemon(base: Path, config_text: str, registry: LocalRegistry,
            test_images: TestImages) -> Iterator[Daemon]:
-    with running_daemon(str(base), config_text) as d:
-        d.extra["busybox"] = test_images.busybox.ref(registry)
-        d.client.pull(d.extra["busybox"])
+    with busybox_daemon(base, registry, test_images, config_text) as d:
         yield d
 
 

@@ -25,6 +25,7 @@ from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
     Pods,
+    busybox_daemon,
     container_config,
     daemon_config,
     leftovers,
@@ -40,10 +41,7 @@ pytestmark = pytest.mark.e2e
 def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
            test_images: TestImages) -> Iterator[Daemon]:
     base = tmp_path_factory.mktemp("net")
-    with running_daemon(str(base), daemon_config(registry, test_images, base)) as d:
-        d.extra["busybox"] = test_images.busybox.ref(registry)
-        d.extra["base"] = str(base)
-        d.client.pull(d.extra["busybox"])
+    with busybox_daemon(base, registry, test_images) as d:
         yield d
 
 

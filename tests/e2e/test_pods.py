@@ -14,12 +14,12 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.runtime import signals
-from tests.support.daemon import Daemon, running_daemon
+from tests.support.daemon import Daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
     Pods,
+    busybox_daemon,
     container_config,
-    daemon_config,
     leftovers,
     log_text,
     pod_config,
@@ -37,17 +37,8 @@ pytestmark = pytest.mark.e2e
 def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
            test_images: TestImages) -> Iterator[Daemon]:
     base = tmp_path_factory.mktemp("pods")
-    with running_daemon(str(base), daemon_config(registry, test_images, base)) as d:
-        d.extra["busybox"] = test_images.busybox.ref(registry)
-        d.client.pull(d.extra["busybox"])
+    with busybox_daemon(base, registry, test_images) as d:
         yield d
-
-
-@pytest.fixture
-def pods(daemon: Daemon) -> Iterator[Pods]:
-    p = Pods(daemon.client)
-    yield p
-    p.cleanup()
 
 
 def test_lifecycle_output_exit_code(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.runtime.cgroups import probe
-from tests.support.daemon import Daemon, running_daemon
+from tests.support.daemon import Daemon
 from tests.support.images import TestImages
-from tests.support.pods import Pods, container_config, daemon_config, pod_config
+from tests.support.pods import Pods, busybox_daemon, container_config, daemon_config, pod_config
 from tests.support.registry import LocalRegistry
 
 pytestmark = pytest.mark.e2e
@@ -37,17 +37,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
     config = daemon_config(registry, test_images, base) + (
         '[plugins."pycrid.cri.v1.runtime"]\n'
         f"pids_limit = {PIDS_LIMIT}\n")
-    with running_daemon(str(base), config) as d:
-        d.extra["busybox"] = test_images.busybox.ref(registry)
-        d.client.pull(d.extra["busybox"])
+    with busybox_daemon(base, registry, test_images, config) as d:
         yield d
-
-
-@pytest.fixture
-def pods(daemon: Daemon) -> Iterator[Pods]:
-    p = Pods(daemon.client)
-    yield p
-    p.cleanup()
 
 
 def sleeper(daemon: Daemon, name: str = "c", **resources: Any) -> Any:

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import Daemon, running_daemon
+from tests.support.daemon import Daemon
 from tests.support.images import (
     PASSWD,
     TestImages,
@@ -23,7 +23,7 @@ from tests.support.images import (
     push,
 )
 from tests.support.layers import Entry, tar_bytes
-from tests.support.pods import Pods, container_config, daemon_config, pod_config
+from tests.support.pods import Pods, busybox_daemon, container_config, pod_config
 from tests.support.registry import LocalRegistry
 
 pytestmark = pytest.mark.e2e
@@ -67,10 +67,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
                                           Entry("etc/group", data=GROUP)])],
         config={"Cmd": ["sh"], "Env": ["PATH=/bin"]})
     push(registry, "security/users", "latest", users)
-    with running_daemon(str(base), daemon_config(registry, test_images, base)) as d:
-        d.extra["busybox"] = test_images.busybox.ref(registry)
+    with busybox_daemon(base, registry, test_images) as d:
         d.extra["users"] = registry.ref("security/users:latest")
-        d.client.pull(d.extra["busybox"])
         d.client.pull(d.extra["users"])
         yield d
 

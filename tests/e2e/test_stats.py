@@ -15,9 +15,16 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import Daemon, running_daemon
+from tests.support.daemon import Daemon
 from tests.support.images import TestImages
-from tests.support.pods import Pods, container_config, daemon_config, pod_config, wait_for
+from tests.support.pods import (
+    Pods,
+    busybox_daemon,
+    container_config,
+    daemon_config,
+    pod_config,
+    wait_for,
+)
 from tests.support.registry import LocalRegistry
 
 pytestmark = pytest.mark.e2e
@@ -33,9 +40,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
     base = tmp_path_factory.mktemp("stats")
     config = (daemon_config(registry, test_images, base)
               + '[plugins."pycrid.cri.v1.runtime"]\nstats_collect_period = "1s"\n')
-    with running_daemon(str(base), config) as d:
-        d.extra["busybox"] = test_images.busybox.ref(registry)
-        d.client.pull(d.extra["busybox"])
+    with busybox_daemon(base, registry, test_images, config) as d:
         yield d
 
 
@@ -234,13 +239,6 @@ def test_unknown_ids_are_not_found(daemon: Daemon) -> None:
     with pytest.raises(grpc.RpcError) as e:
         rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id="0" * 64), timeout=30)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
-
-
-@pytest.fixture
-def pods(daemon: Daemon) -> Iterator[Pods]:
-    p = Pods(daemon.client)
-    yield p
-    p.cleanup()
 
 
 def test_stopped_pod_leaves_the_stats(daemon: Daemon, pods: Pods) -> None:

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from pycrid import __version__
-from tests.support.daemon import Daemon, nri_paths, running_daemon
+from tests.support.daemon import Daemon, nri_paths
 from tests.support.images import TestImages
 from tests.support.network import conf_dir
 from tests.support.nri_plugins import external_plugin, has_event, wait_events
-from tests.support.pods import Pods, container_config, daemon_config, pod_config, wait_for
+from tests.support.pods import Pods, busybox_daemon, container_config, pod_config, wait_for
 from tests.support.registry import LocalRegistry
 
 pytestmark = pytest.mark.e2e
@@ -39,21 +39,8 @@ def cli_json(*args: str) -> tuple[int, Any]:
 def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
            test_images: TestImages) -> Iterator[Daemon]:
     base = tmp_path_factory.mktemp("status")
-    with running_daemon(str(base), daemon_config(registry, test_images, base)) as d:
-        d.extra["base"] = str(base)
-        d.extra["busybox"] = test_images.busybox.ref(registry)
-        d.client.pull(d.extra["busybox"])
+    with busybox_daemon(base, registry, test_images) as d:
         yield d
-
-
-@pytest.fixture
-def pods(daemon: Daemon) -> Iterator[Pods]:
-    """Every pod a test made is removed, also when the test fails half-way."""
-    p = Pods(daemon.client)
-    try:
-        yield p
-    finally:
-        p.cleanup()
 
 
 def test_status_and_plugins(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:

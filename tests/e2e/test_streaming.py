@@ -13,13 +13,13 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import Daemon, running_daemon
+from tests.support.daemon import Daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
     Pods,
+    busybox_daemon,
     command_lines,
     container_config,
-    daemon_config,
     log_text,
     pod_config,
     wait_for,
@@ -41,9 +41,7 @@ PAGE = "<html>hello from the pod</html>\n"
 def daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
            test_images: TestImages) -> Iterator[Daemon]:
     base = tmp_path_factory.mktemp("streaming")
-    with running_daemon(str(base), daemon_config(registry, test_images, base)) as d:
-        d.extra["busybox"] = test_images.busybox.ref(registry)
-        d.client.pull(d.extra["busybox"])
+    with busybox_daemon(base, registry, test_images) as d:
         yield d
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import CRIClient
+from tests.support.daemon import CRIClient, Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.registry import LocalRegistry
 
@@ -24,6 +25,18 @@ def daemon_config(registry: LocalRegistry, images: TestImages, base: str | os.Pa
         '[plugins."pycrid.cri.v1.images".registry]\n'
         f'config_path = "{registry.hosts_dir(os.path.join(base, "certs.d"))}"\n'
     )
+
+
+@contextlib.contextmanager
+def busybox_daemon(base: str | os.PathLike[str], registry: LocalRegistry, images: TestImages,
+                   config_text: str | None = None) -> Iterator[Daemon]:
+    """The e2e modules' daemon: configured for the test registry and network (or with
+    ``config_text``), busybox pulled; ``extra`` has ``base`` and ``busybox``."""
+    with running_daemon(str(base), config_text or daemon_config(registry, images, base)) as d:
+        d.extra["base"] = str(base)
+        d.extra["busybox"] = images.busybox.ref(registry)
+        d.client.pull(d.extra["busybox"])
+        yield d
 
 
 def pod_config(name: str = "", namespace: str = "default", *, log_dir: str = "",
