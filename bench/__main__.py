@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
     base = Path(tempfile.mkdtemp(prefix="pycrid-bench-"))
     t_start = time.monotonic()
-    before = HostSnapshot.take()
+    before = HostSnapshot.take(base)
     report: dict[str, Any] = {"schema": "pycrid-bench/1", "runtime": None,
                               "environment": host_info(),
                               "options": {k: v for k, v in vars(args).items()
@@ -246,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             if (dbase / "config.toml").exists():
                 left += [x for x in leftovers(str(dbase / "root"), str(dbase / "state"))
                          if not (x.startswith("cgroup ") and x[7:] in before.cgroups)]
-            after = HostSnapshot.take()
+            after = HostSnapshot.take(base)
             wait_gone(after.monitors - before.monitors)
-            left += [x for x in HostSnapshot.take().new_since(before, base) if x not in left]
+            left += [x for x in HostSnapshot.take(base).new_since(before, base)
+                     if x not in left]
     except KeyboardInterrupt:
         print("\ninterrupted; cleaned up", file=sys.stderr)
         return 130

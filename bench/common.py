@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from tests.support.images import TestImages, busybox_rootfs_tar, load_standard_s
 from tests.support.network import (
     ip_forward,
     nat_rules,
+    our_bridges,
     pod_nat_rules,
     remove_bridges,
     remove_portmap_scaffolding,
@@ -360,19 +361,32 @@ def comm_of(pid: int) -> str:
         return ""
 
 
-def monitor_pids() -> set[int]:
-    """Per-container monitor processes: ``conmon`` (pycrid, CRI-O) or ``containerd-shim*``."""
+def _mentions(pid: int, words: Collection[str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(w in cmd for w in words)
+
+
+def monitor_pids(ours: Collection[str] | None = None) -> set[int]:
+    """Per-container monitor processes: ``conmon`` (pycrid, CRI-O) or ``containerd-shim*``;
+    with ``ours`` (ids and directories), only those whose command line names one of them
+    (conmon takes ``--cid``, a shim ``-id``: another runtime's monitors are not ours)."""
     found = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             comm = comm_of(int(entry))
-            if comm == "conmon" or comm.startswith("containerd-shim"):
+            if (comm == "conmon" or comm.startswith("containerd-shim")) and (
+                    ours is None or _mentions(int(entry), ours)):
                 found.add(int(entry))
     return found
 
 
-def runc_pids() -> set[int]:
-    return {int(e) for e in os.listdir("/proc") if e.isdigit() and comm_of(int(e)) == "runc"}
+def runc_pids(ours: Collection[str] | None = None) -> set[int]:
+    return {int(e) for e in os.listdir("/proc") if e.isdigit() and comm_of(int(e)) == "runc"
+            and (ours is None or _mentions(int(e), ours))}
 
 
 def socket_owner(path: str) -> int | None:
@@ -403,33 +417,34 @@ def socket_owner(path: str) -> int | None:
 # What the host looks like, for the leak check
 
 
-def netns_names() -> set[str]:
-    d = "/run/netns"
-    return set(os.listdir(d)) if os.path.isdir(d) else set()
-
-
 @dataclass
 class HostSnapshot:
+    """What this run's pods left on the host: only objects naming the ids the run was told
+    (``Pods.told``) or its directory count, so other runtimes on the node are not leaks."""
+
     monitors: set[int]
     runc: set[int]
     cgroups: set[str]
-    netns: set[str]
     veths: set[str]
     nat: set[str]
 
     @classmethod
-    def take(cls) -> HostSnapshot:
-        return cls(monitor_pids(), runc_pids(), set(container_cgroups()), netns_names(),
-                   veths(), set(pod_nat_rules()))
+    def take(cls, base: Path | None = None) -> HostSnapshot:
+        ours = None if base is None else {*Pods.told, str(base)}
+        ids = None if base is None else Pods.told
+        return cls(monitor_pids(ours), runc_pids(ours), set(container_cgroups(ids)),
+                   veths(our_bridges() if base is not None else None),
+                   set(pod_nat_rules(ids)))
 
     def new_since(self, before: HostSnapshot, base: Path) -> list[str]:
-        """What exists now and did not before the run, plus any mount under ``base``."""
+        """What exists now and did not before the run, plus any mount under ``base``.
+        A netns appearing in /run/netns cannot be told apart from another runtime's
+        (pycrid keeps its own under its state directory, checked by ``leftovers``)."""
         found = [f"mount {m}" for m in mounts_under(str(base))]
         found += [f"monitor process {p} ({comm_of(p)})"
                   for p in sorted(self.monitors - before.monitors)]
         found += [f"runc process {p}" for p in sorted(self.runc - before.runc)]
         found += [f"cgroup {c}" for c in sorted(self.cgroups - before.cgroups)]
-        found += [f"netns {n}" for n in sorted(self.netns - before.netns)]
         found += [f"veth {n}" for n in sorted(self.veths - before.veths)]
         found += [f"nat rule {r}" for r in sorted(self.nat - before.nat)]
         bench_cg = [str(p / CGROUP_PARENT) for p in Path("/sys/fs/cgroup").iterdir()

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.pods import container_config, pod_config
+from tests.support.pods import Pods, container_config, pod_config
 
 from bench.common import Target, memory_kib, monitor_pids, remove_pod
 from bench.report import Section
@@ -76,7 +76,7 @@ def run(target: Target, idle: Idle | None, fleet: Fleet, n_pods: int,
         return sec
     time.sleep(1.0)  # let the runtime's allocator settle after the build-up
     rss, pss = memory_kib(pid)
-    mons = sorted(monitor_pids() - idle.monitors)
+    mons = sorted(monitor_pids(Pods.told) - idle.monitors)
     mon_rss = mon_pss = 0
     for m in mons:
         with contextlib.suppress(OSError):

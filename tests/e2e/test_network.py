@@ -222,7 +222,7 @@ def test_failed_add_is_undone(own: tuple[str, str]) -> None:
     doc["plugins"].insert(1, {"type": "tuning",
                               "sysctl": {"net.ipv4.conf.eth0.no_such_sysctl": "1"}})
     network.write_conflist(network.conf_dir(base), doc)
-    veths = network.veths()
+    veths = network.veths(network.our_bridges())
     with running_daemon(base, config) as d:
         with pytest.raises(grpc.RpcError) as e:
             Pods(d.client).run(pod_config())
@@ -230,7 +230,7 @@ def test_failed_add_is_undone(own: tuple[str, str]) -> None:
         assert "type='tuning' failed (add)" in (e.value.details() or "")
         assert "no_such_sysctl" in (e.value.details() or "")
         assert leftovers(d.root, d.state) == []
-        assert network.veths() == veths
+        assert network.veths(network.our_bridges()) == veths
 
 
 def test_restart_then_stop_releases_the_ip(own: tuple[str, str]) -> None:

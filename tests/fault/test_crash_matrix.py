@@ -30,7 +30,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import Daemon, mounts_under, running_daemon
+from tests.support.daemon import Daemon, daemon_ids, mounts_under, running_daemon
 from tests.support.images import TestImages
 from tests.support.network import allocated_ips
 from tests.support.pods import (
@@ -235,7 +235,7 @@ def strays(d: Daemon, pods: set[str], containers: set[str]) -> list[str]:
             cid = argv[argv.index("--cid") + 1] if "--cid" in argv else "?"
             if cid not in known:
                 found.append(f"conmon {pid} of {cid}")
-    found += [f"cgroup {c}" for c in container_cgroups() if os.path.basename(c) not in known]
+    found += [f"cgroup {c}" for c in container_cgroups(daemon_ids(d.root) - known)]
     results = os.path.join(d.root, "cni", "results")
     for n in names(results):
         with open(os.path.join(results, n)) as f:

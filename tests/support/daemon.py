@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,3 +159,31 @@ def mounts_under(path: str) -> list[str]:
             if mp == path or mp.startswith(path.rstrip("/") + "/"):
                 out.append(mp)
     return out
+
+
+_OBJECT_ID = re.compile(rb"\b[0-9a-f]{64}\b")
+
+
+def ids_logged_under(base: str) -> set[str]:
+    """Every pod and container id a daemon under ``base`` logged (pycrid logs each id as it
+    records the intent: "running pod sandbox <id>", "creating container <id>").
+
+    Leak checks use it to look only at what this suite created, so they pass on a node
+    that also runs containerd or another pycrid."""
+    found: set[str] = set()
+    for dirpath, _dirs, files in os.walk(base):
+        for name in files:
+            if name.endswith(".log"):
+                with contextlib.suppress(OSError), open(os.path.join(dirpath, name), "rb") as f:
+                    found.update(m.decode() for m in _OBJECT_ID.findall(f.read()))
+    return found
+
+
+def daemon_ids(root: str) -> set[str]:
+    """The ids logged by the daemon whose root is ``root`` (``running_daemon``'s layout:
+    its log beside the root); an error when there is no such log, so a leak check never
+    passes for want of knowing what to look for."""
+    base = os.path.dirname(root.rstrip("/"))
+    if not os.path.exists(os.path.join(base, "pycrid.log")):
+        raise AssertionError(f"no pycrid.log beside {root}: cannot tell this daemon's objects")
+    return ids_logged_under(base)

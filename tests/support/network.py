@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import subprocess
+from collections.abc import Collection
 from typing import Any
 
 BRIDGE_PREFIX = "pcrt"
@@ -113,10 +114,25 @@ def allocated_ips(base: str) -> list[str]:
 # ---- host state, for the session's leak check ----------------------------------------------
 
 
-def veths() -> set[str]:
+def veths(bridges: Collection[str] | None = None) -> set[str]:
+    """veth interfaces on the host; with ``bridges``, only those enslaved to one of them
+    (the host ends of this process's pods: another runtime's pods have their own)."""
     out = subprocess.run(["ip", "-o", "link", "show", "type", "veth"], capture_output=True,
                          text=True, check=False).stdout
-    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line}
+    found = set()
+    for line in out.splitlines():
+        if ":" not in line:
+            continue
+        words = line.split()
+        master = words[words.index("master") + 1] if "master" in words else ""
+        if bridges is None or master in bridges:
+            found.add(line.split(":")[1].strip().split("@")[0])
+    return found
+
+
+def our_bridges() -> set[str]:
+    """The bridges of every daemon given a test network in this process."""
+    return {bridge_of(base) for base in daemon_bases()}
 
 
 def nat_rules() -> list[str]:
@@ -125,9 +141,18 @@ def nat_rules() -> list[str]:
     return [line for line in out.splitlines() if line.startswith(("-A", ":"))]
 
 
-def pod_nat_rules() -> list[str]:
-    """Rules a pod's port mappings put in (their per-pod CNI-DN chains and jumps)."""
-    return [r for r in nat_rules() if "CNI-DN-" in r or SUBNET_PREFIX + "." in r]
+def pod_nat_rules(ids: Collection[str] | None = None) -> list[str]:
+    """Rules a pod's port mappings put in (their per-pod CNI-DN chains and jumps); with
+    ``ids``, only those of these pods or of this process's test subnets, and the chains
+    those rules jump to (another runtime's pods have rules of their own)."""
+    rules = [r for r in nat_rules() if "CNI-DN-" in r or SUBNET_PREFIX + "." in r]
+    if ids is None:
+        return rules
+    subnets = [subnet_of(base).rsplit(".", 1)[0] + "." for base in daemon_bases()]
+    ours = [r for r in rules if any(s in r for s in subnets) or any(i in r for i in ids)]
+    chains = {w for r in ours for w in r.split() if w.startswith("CNI-DN-")}
+    return [r for r in rules if r in ours or any(c in r.split() or f":{c}" in r
+                                                  for c in chains)]
 
 
 _SCAFFOLD = [
@@ -140,7 +165,10 @@ _SCAFFOLD = [
 
 def remove_portmap_scaffolding() -> None:
     """Drop the shared chains the portmap plugin creates on first use (it never removes
-    them), so the session leaves the nat table as it found it."""
+    them), so the session leaves the nat table as it found it; not while any pod's
+    mapping still jumps from them (another runtime's, on a busy node)."""
+    if any(r.startswith("-A CNI-HOSTPORT-DNAT ") for r in nat_rules()):
+        return
     for chain, rule in _SCAFFOLD:
         subprocess.run(["iptables", "-t", "nat", "-D", chain, *rule], capture_output=True,
                        check=False)

@@ -229,6 +229,7 @@ class ContainerManager:
         async with contextlib.AsyncExitStack() as undo:
             self.names.reserve(name, cid)
             undo.callback(self.names.release, name)
+            log.info("creating container %s (%s) in pod sandbox %s", cid, name, sandbox.id)
             rec = self.store.put(ContainerRecord(
                 id=cid, sandbox_id=sandbox.id, name=name, config=config,
                 created_at=now_ns(), image_id=image.id,
@@ -257,6 +258,7 @@ class ContainerManager:
                                     gid=user["gid"], groups=tuple(user.get("additionalGids") or ()),
                                     resources=record_of(spec))
             undo.pop_all()
+        log.info("created container %s", cid)
         self.events.emit(events.CREATED, cid, sandbox.id)
         await self.nri.post_create(rec)
         return cid

@@ -129,6 +129,9 @@ class PodManager:
                     contextlib.AsyncExitStack() as undo):
             self.names.reserve(name, sid)
             undo.callback(self.names.release, name)
+            # CRI-O's pair of lines (running, then ready): an operator can follow a pod's
+            # id from the request to the result, also when it fails in between.
+            log.info("running pod sandbox %s (%s)", sid, name)
             image = await self._sandbox_image()
             netns = "" if host_network else os.path.join(self.netns_dir, f"cni-{uuid.uuid4()}")
             self.store.put(SandboxRecord(
@@ -159,6 +162,7 @@ class PodManager:
             await self.nri.run_pod(rec)
             self.store.update(sid, phase="ready")
             undo.pop_all()
+        log.info("pod sandbox %s is ready", sid)
         self.events.emit(events.CREATED, sid, sid)
         self.events.emit(events.STARTED, sid, sid)
         return sid
