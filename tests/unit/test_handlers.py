@@ -125,7 +125,7 @@ class _Recorder(ContainerRuntime):
     def oom_killed(self, bundle: str) -> bool:
         return False
 
-    async def reopen_log(self, bundle: str) -> None:
+    async def reopen_log(self, bundle: str, log_path: str) -> None:
         pass
 
 

@@ -582,7 +582,7 @@ class ContainerManager:
         rec = self.find(prefix)
         if rec.state != pb.CONTAINER_RUNNING:
             raise FailedPrecondition(f"container {rec.id} is not running")
-        await self.runtime.reopen_log(self.paths.bundle(rec.id))
+        await self.runtime.reopen_log(self.paths.bundle(rec.id), rec.log_path)
 
     # ---- restart -------------------------------------------------------------------------
 

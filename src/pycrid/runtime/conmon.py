@@ -24,6 +24,7 @@ import signal
 import tempfile
 from typing import Any
 
+from pycrid import inotify
 from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, Unknown
 from pycrid.runtime import interactive
 from pycrid.runtime.exits import Exit, read_exit
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: How long conmon may take to report the container's pid (runc create takes ~40 ms).
 CREATE_TIMEOUT = 60.0
+#: How long conmon may take to reopen a log after being asked.
+REOPEN_TIMEOUT = 10.0
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -201,10 +204,28 @@ class ConmonRuntime(ContainerRuntime):
     def oom_killed(self, bundle: str) -> bool:
         return os.path.exists(os.path.join(bundle, "oom"))
 
-    async def reopen_log(self, bundle: str) -> None:
-        """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl."""
-        if not interactive.write_ctl(bundle, "2 0 0\n"):
-            raise FailedPrecondition("container monitor (conmon) is not running")
+    async def reopen_log(self, bundle: str, log_path: str) -> None:
+        """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl.
+
+        conmon reopens when it next reads its ctl fifo, after this returns; the kubelet
+        opens the path right after the call, so wait until the new file is there (an
+        inotify watch on its directory, armed before asking)."""
+        watch: inotify.Inotify | None = None
+        try:
+            if log_path and not os.path.exists(log_path):
+                watch = inotify.Inotify()
+                watch.add_watch(os.path.dirname(log_path) or ".",
+                                inotify.CREATE | inotify.MOVED_TO)
+            if not interactive.write_ctl(bundle, "2 0 0\n"):
+                raise FailedPrecondition("container monitor (conmon) is not running")
+            if watch is not None:
+                await asyncio.wait_for(_appears(watch, log_path), REOPEN_TIMEOUT)
+        except TimeoutError:
+            raise Unknown(f"conmon did not reopen {log_path} within "
+                          f"{REOPEN_TIMEOUT:.0f}s") from None
+        finally:
+            if watch is not None:
+                watch.close()
 
     # ---- exec --------------------------------------------------------------------------
 
@@ -232,6 +253,11 @@ class ConmonRuntime(ContainerRuntime):
 
     async def attach(self, bundle: str, io: ProcessIO) -> None:
         await interactive.attach(bundle, io)
+
+
+async def _appears(watch: inotify.Inotify, path: str) -> None:
+    while not os.path.exists(path):
+        await watch.wait()
 
 
 class _CappedSink:

@@ -209,5 +209,5 @@ class RuntimeRouter(ContainerRuntime):
     def oom_killed(self, bundle: str) -> bool:
         return self.runtimes[self.default].oom_killed(bundle)
 
-    async def reopen_log(self, bundle: str) -> None:
-        await self.runtimes[self.default].reopen_log(bundle)
+    async def reopen_log(self, bundle: str, log_path: str) -> None:
+        await self.runtimes[self.default].reopen_log(bundle, log_path)

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 #: After the process exited, how long its output may still trail in (a background
 #: child can hold the pipes open for ever).
 DRAIN_TIMEOUT = 2.0
+#: After its process was killed, how long runc may take to reap it and exit before it
+#: is killed too.
+KILL_GRACE = 5.0
 #: How long a TTY exec waits for the client's first terminal size before it starts.
 FIRST_SIZE_WAIT = 0.5
 #: conmon reads at most this much stdin per packet.
@@ -63,7 +66,7 @@ async def run_exec(argv: list[str], pid_path: str, io: ProcessIO) -> int:
                 feeder.cancel()
         return code
     finally:
-        _kill(pid_path, proc)
+        await _kill(pid_path, proc)
 
 
 async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO) -> int:
@@ -102,7 +105,7 @@ async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO) -> int:
                 for task in others:
                     task.cancel()
             finally:
-                _kill(pid_path, proc)
+                await _kill(pid_path, proc)
         return code
     finally:
         if slave >= 0:
@@ -225,18 +228,50 @@ async def _drain(outputs: list[asyncio.Task[None]]) -> None:
             task.cancel()
 
 
-def _kill(pid_path: str, proc: asyncio.subprocess.Process) -> None:
-    """Kill what is left of the exec: the process group runc made its session leader,
-    then runc (nothing, after a normal exit)."""
+async def _kill(pid_path: str, proc: asyncio.subprocess.Process) -> None:
+    """Kill what is left of the exec (nothing, after a normal exit) and return only once
+    it is gone, so a timed-out ExecSync answers with its process already dead (the
+    kubelet's exec probes rely on it).
+
+    The exec'd process and whatever it started in its process group go first: runc,
+    their reaper (a child subreaper), collects them and exits. Killing runc at the same
+    moment would leave them to the container's init, which may never reap them (a
+    ``sleep`` as pid 1 leaves zombies that ``ps`` still lists). runc itself is killed
+    only if it does not follow within ``KILL_GRACE``."""
     if proc.returncode is not None:
         return
-    with contextlib.suppress(OSError, ValueError):
+    victims = _exec_processes(pid_path, proc.pid)
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if victims:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE)
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+def _exec_processes(pid_path: str, runc_pid: int) -> list[int]:
+    """The exec'd process (its pid file) and every process in its process group or in
+    runc's (the exec inherits runc's group unless it made its own: a TTY session), runc
+    excepted. Host pids, from /proc."""
+    try:
         with open(pid_path) as f:
             pid = int(f.read().strip())
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
+    except (OSError, ValueError):
+        return []  # runc has not started it yet: killing runc is enough
+    groups = {runc_pid}
+    with contextlib.suppress(OSError):
+        groups.add(os.getpgid(pid))
+    found = {pid}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != runc_pid:
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) in groups:
+                    found.add(int(entry))
+    return sorted(found)
 
 
 # ---- attach ---------------------------------------------------------------------------

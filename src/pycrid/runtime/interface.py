@@ -97,4 +97,6 @@ class ContainerRuntime(abc.ABC):
         """Whether the kernel's OOM killer ended the container."""
 
     @abc.abstractmethod
-    async def reopen_log(self, bundle: str) -> None: ...
+    async def reopen_log(self, bundle: str, log_path: str) -> None:
+        """Have the monitor reopen the CRI log; returns once ``log_path`` exists again
+        (the kubelet opens it right after the call)."""
