@@ -134,15 +134,18 @@ async def _init_runc(ctx: InitContext) -> Any:
 
     from pycrid.runtime.conmon import ConmonRuntime
     from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
+    from pycrid.stats.cgroups import host_hierarchy
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     state = ctx.properties["state"]
     handlers = load_handlers(config, state)
     runtimes: dict[str, ConmonRuntime] = {}
+    cgroups = host_hierarchy()
     for name, spec in handlers.items():
         runtimes[name] = ConmonRuntime(state_dir=state, runc=spec.runc_binary,
                                        conmon=config.conmon_path, runc_root=spec.runc_root,
-                                       systemd_cgroup=config.cgroup_driver == "systemd")
+                                       systemd_cgroup=config.cgroup_driver == "systemd",
+                                       cgroups=cgroups)
         handlers[name] = dataclasses.replace(
             spec, features=await probe_features(runtimes[name].runc))
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)

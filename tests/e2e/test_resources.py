@@ -205,6 +205,26 @@ def test_oom_killed(daemon: Daemon, pods: Pods) -> None:
     assert (st.exit_code, st.reason) == (137, "OOMKilled")
 
 
+def test_oom_killed_is_certain(daemon: Daemon, pods: Pods) -> None:
+    """critest's OOM container (memory = memory+swap = 15 MiB, dd with a 20 MiB block),
+    several at once: every one must end OOMKilled. conmon writes its ``oom`` file when its
+    main loop gets to the OOM event, which may be after it wrote the exit file; the
+    cgroup's own OOM-kill counter settles it."""
+    pod = pod_config()
+    sid = pods.run(pod)
+    cids = []
+    for i in range(6):
+        cfg = container_config(daemon.extra["busybox"], f"hog{i}",
+                               command=["sh", "-c", "dd if=/dev/zero of=/dev/null bs=20M"])
+        cfg.linux.resources.memory_limit_in_bytes = 15 * MiB
+        cfg.linux.resources.memory_swap_limit_in_bytes = 15 * MiB
+        cids.append(pods.create(sid, cfg, pod))
+    for cid in cids:
+        pods.start(cid)
+    got = [pods.wait_state(cid, pb.CONTAINER_EXITED) for cid in cids]
+    assert [(st.exit_code, st.reason) for st in got] == [(137, "OOMKilled")] * len(cids)
+
+
 def code_of(call: Any) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as e:
         call()

@@ -31,6 +31,7 @@ from pycrid.runtime.exits import Exit, read_exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
 from pycrid.runtime.signals import signal_init
 from pycrid.runtime.stdio import ProcessIO
+from pycrid.stats.cgroups import Hierarchy, oom_kills
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,16 @@ def find_binary(configured: str, name: str, key: str = "") -> str:
 
 class ConmonRuntime(ContainerRuntime):
     def __init__(self, *, state_dir: str, runc: str = "", conmon: str = "",
-                 systemd_cgroup: bool = False, runc_root: str = "") -> None:
+                 systemd_cgroup: bool = False, runc_root: str = "",
+                 cgroups: Hierarchy | None = None) -> None:
         self.runc = find_binary(runc, "runc", "runtime_path")
         self.conmon = find_binary(conmon, "conmon", "conmon_path")
         self.runc_root = runc_root or os.path.join(state_dir, "runc")
         self.exit_dir = os.path.join(state_dir, "exits")
         self.socket_dir = os.path.join(state_dir, "conmon")
         self.systemd_cgroup = systemd_cgroup
+        #: The host's cgroup mounts, to read a container's OOM-kill counter.
+        self.cgroups = cgroups if cgroups is not None else Hierarchy()
         for d in (self.runc_root, self.exit_dir, self.socket_dir):
             os.makedirs(d, mode=0o700, exist_ok=True)
 
@@ -202,7 +206,17 @@ class ConmonRuntime(ContainerRuntime):
             os.unlink(os.path.join(self.exit_dir, object_id))
 
     def oom_killed(self, bundle: str) -> bool:
-        return os.path.exists(os.path.join(bundle, "oom"))
+        """conmon's ``oom`` file, else the cgroup's own OOM-kill counter: conmon writes the
+        file when its main loop reaches the OOM event, which on cgroup v1 may come after
+        it wrote the exit file the daemon is reading now."""
+        if os.path.exists(os.path.join(bundle, "oom")):
+            return True
+        try:
+            with open(os.path.join(bundle, "config.json"), "rb") as f:
+                path = str(json.load(f).get("linux", {}).get("cgroupsPath") or "")
+        except (OSError, ValueError):
+            return False
+        return (oom_kills(self.cgroups, path) or 0) > 0
 
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl.

@@ -257,6 +257,22 @@ class Hierarchy:
         return None
 
 
+def oom_kills(hierarchy: Hierarchy, cgroups_path: str) -> int | None:
+    """How many processes the kernel's OOM killer ended in the cgroup (v1
+    ``memory.oom_control``'s ``oom_kill``, v2 ``memory.events``'); None when the cgroup or
+    the counter is not there."""
+    rel = relative_cgroup(cgroups_path)
+    if rel is None:
+        return None
+    if "memory" in hierarchy.v1:
+        path = os.path.join(hierarchy.v1["memory"], rel, "memory.oom_control")
+    elif hierarchy.unified is not None:
+        path = os.path.join(hierarchy.unified, rel, "memory.events")
+    else:
+        return None
+    return _keyed(path).get("oom_kill")
+
+
 def parse_mountinfo(text: str) -> Hierarchy:
     """Find the cgroup mounts in ``/proc/self/mountinfo`` text. On a hybrid host the v1
     controllers win (the unified mount then has no controllers)."""
@@ -288,5 +304,5 @@ def host_hierarchy(mountinfo: str = "/proc/self/mountinfo") -> Hierarchy:
 
 
 __all__ = ["UNLIMITED", "CgroupStats", "Hierarchy", "host_hierarchy", "nano_cores",
-           "parse_flat_keyed", "parse_mountinfo", "read_v1", "read_v2", "relative_cgroup",
-           "working_set"]
+           "oom_kills", "parse_flat_keyed", "parse_mountinfo", "read_v1", "read_v2",
+           "relative_cgroup", "working_set"]
