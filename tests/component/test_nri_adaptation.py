@@ -29,7 +29,7 @@ from pycrid.nri.adaptation.merge import AdjustmentConflict
 from pycrid.nri.adaptation.plugin import sync_chunks
 from pycrid.nri.adjust import Adjustment
 from pycrid.nri.wire.connection import PLUGIN_SIDE, Services, connect
-from pycrid.nri.wire.ttrpc import TtrpcError
+from pycrid.nri.wire.ttrpc import RequestReceived, TtrpcError
 
 POD = api.PodSandbox(id="pod-1", name="p", namespace="ns", uid="u")
 CTR = api.Container(id="ctr-1", pod_sandbox_id="pod-1", name="c", env=["A=1"])
@@ -244,6 +244,55 @@ async def test_per_plugin_request_timeout_overrides_the_global_one(tmp_path: Pat
         await a.create_container(POD, CTR)
         assert time.monotonic() - started < 5
         assert a.plugins == []
+
+
+async def test_synchronize_carries_the_registration_timeout(tmp_path: Path) -> None:
+    """The deadline a plugin is sent (ttrpc timeout_nano): Configure has the request
+    timeout, Synchronize the registration timeout; a per-plugin request timeout longer
+    than that covers Synchronize too."""
+    sent: dict[str, int] = {}
+
+    def handler(method: str, answer: bytes) -> Any:
+        async def serve(ev: RequestReceived) -> bytes:
+            sent[method] = ev.timeout_nano
+            return answer
+        return serve
+
+    services = Services()
+    services.add(api.PLUGIN_SERVICE, "Configure",
+                 handler("Configure", api.ConfigureResponse().SerializeToString()))
+    services.add(api.PLUGIN_SERVICE, "Synchronize",
+                 handler("Synchronize", api.SynchronizeResponse().SerializeToString()))
+    register = api.RegisterPluginRequest(plugin_name="raw", plugin_idx="10").SerializeToString()
+    for per, want in (({}, 7), ({"raw": Duration(9)}, 9)):
+        sent.clear()
+        async with adaptation(tmp_path, registration=7, request=0.5,
+                              plugin_request_timeouts=per) as a:
+            conn = await connect(a.config.socket_path, services=services, roles=PLUGIN_SIDE)
+            try:
+                await conn.call(api.RUNTIME_SERVICE, "RegisterPlugin", register, timeout=5)
+                await until(lambda: bool(a.plugins))
+            finally:
+                await conn.aclose("test done")
+        assert sent == {"Configure": 500_000_000, "Synchronize": want * 1_000_000_000}, per
+
+
+async def test_plugin_slower_to_synchronize_than_a_request_is_kept(tmp_path: Path) -> None:
+    """A Synchronize that outlasts the request timeout (well inside the registration
+    timeout) does not drop the plugin: it registers and gets the next event."""
+
+    class SlowSync(Recorder):
+        async def synchronize(self, pods: list[api.PodSandbox],  # type: ignore[override]
+                              containers: list[api.Container]) -> None:
+            await asyncio.sleep(1.0)
+            self.synced = (pods, containers)
+
+    log: list[str] = []
+    async with adaptation(tmp_path, Domain([POD]), request=0.2, registration=30) as a, \
+            plugged(a, SlowSync(log, "slow"), "slow", "10"):
+        await a.run_pod_sandbox(POD)
+        assert log == ["slow:run:pod-1"]
+        assert [p.name for p in a.plugins] == ["10-slow"]
 
 
 async def test_validator_rejection_and_default_validator(tmp_path: Path) -> None:

@@ -226,7 +226,9 @@ def main(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
         script = plugin_path / bad
         script.write_text(f"#!/bin/sh\necho {bad} >> {marker}\n")
         script.chmod(0o755)
-    with nri_daemon(base, registry, test_images) as env:
+    # hold-run holds a RunPodSandbox until the test kills it, not for the 2 s default.
+    text = nri_config(base, plugin_request_timeouts='{ "hold-run" = "120s" }')
+    with nri_daemon(base, registry, test_images, text) as env:
         wait_synchronized(env, records / "10-rec.jsonl", "pre-installed 10-rec", name="10-rec")
         wait_synchronized(env, records / "15-adjust.jsonl", "pre-installed 15-adjust",
                           name="15-adjust")
@@ -340,6 +342,33 @@ def test_plugin_crashing_mid_event(main: NRIDaemon, pods: Pods, event: str) -> N
         # The daemon carries on without it.
         cid2 = pods.run_container(sid, sleeper(main, "second"), pod)
         pods.wait_state(cid2, pb.CONTAINER_RUNNING)
+
+
+def test_create_container_fails_at_once_while_run_pod_sandbox_is_held(
+        main: NRIDaemon, pods: Pods) -> None:
+    """critest's RunPodSandbox contract: while a plugin holds a pod's RunPodSandbox event,
+    CreateContainer in that pod fails (containerd: NotFound, the sandbox is not in its
+    store yet) instead of waiting for the pod; once the event returns, it works."""
+    with external(main, "hang", "hold-run", "55", "--on", "RunPodSandbox",
+                  "--match-label", "nri-test/hold-run=yes") as (proc, record), \
+            ThreadPoolExecutor(1) as pool:
+        pod = pod_config(labels={"nri-test/hold-run": "yes"})
+        running = pool.submit(pods.run, pod)
+        events = wait_events(record, has_event("Hanging", on="RunPodSandbox"), 30,
+                             "the plugin to hold RunPodSandbox")
+        sid = next(e["pod_id"] for e in events if e["event"] == "RunPodSandbox")
+        err = rpc_error(lambda: pods.create(sid, sleeper(main), pod))
+        # The plugin holds the event until it is killed: a create that had waited for the
+        # pod would only have come back after that.
+        assert not running.done(), "RunPodSandbox returned while its event was held"
+        assert err.code() == grpc.StatusCode.NOT_FOUND, (err.code(), err.details())
+        assert "still being created" in err.details(), err.details()
+        listed = pods.rt.ListContainers(pb.ListContainersRequest(), timeout=10).containers
+        assert [c.id for c in listed if c.pod_sandbox_id == sid] == []
+        proc.kill()  # the event carries on without the plugin: the pod becomes ready
+        assert running.result(60) == sid
+    cid = pods.run_container(sid, sleeper(main), pod)
+    pods.wait_state(cid, pb.CONTAINER_RUNNING)
 
 
 def test_plugin_registering_during_pod_creation_sees_each_pod_once(

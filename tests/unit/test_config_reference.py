@@ -36,8 +36,9 @@ def test_every_key_of_config_default_is_in_the_reference() -> None:
 
 def test_reference_rows_carry_type_default_and_help() -> None:
     text = render_reference(registry().registrations())
-    assert ("| `plugin_request_timeout` | duration | `\"2s\"` | Deadline of each call to a "
-            "plugin; a plugin that misses it is closed. |") in text
+    assert ("| `plugin_request_timeout` | duration | `\"2s\"` | Deadline of each event call "
+            "to a plugin (Synchronize has plugin_registration_timeout); a plugin that misses it "
+            "is closed. |") in text
     assert '## `[plugins."pycrid.cri.v1.runtime".runtimes.NAME.options]`' in text
     assert "| `bin_dirs` | array of strings | `[\"/opt/cni/bin\", \"/usr/lib/cni\"]` |" in text
     for f in dataclasses.fields(RuntimeHandlerConfig):

@@ -304,9 +304,12 @@ class NRIConfig:
         "/etc/nri/conf.d", "Configuration of pre-installed plugins: NN-name.conf, else name.conf.",
         _abs_path)
     plugin_registration_timeout: Duration = cfg(
-        Duration(5), "A plugin that has not registered this long after connecting is closed.")
+        Duration(5), "A plugin that has not registered this long after connecting is closed.\n"
+        "Also the deadline of each Synchronize call (the node's pods and containers sent to a\n"
+        "plugin as it registers), which containerd bounds by plugin_request_timeout.")
     plugin_request_timeout: Duration = cfg(
-        Duration(2), "Deadline of each call to a plugin; a plugin that misses it is closed.")
+        Duration(2), "Deadline of each event call to a plugin (Synchronize has\n"
+        "plugin_registration_timeout); a plugin that misses it is closed.")
     plugin_request_timeouts: dict[str, Duration] = cfg(
         {}, "Per-plugin request timeouts overriding plugin_request_timeout, keyed by\n"
         "plugin name (\"logger\") or index-name (\"10-logger\"). pycrid's addition.")

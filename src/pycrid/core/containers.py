@@ -195,14 +195,27 @@ class ContainerManager:
         _validate(config)
         if not sandbox_prefix:
             raise InvalidArgument("pod_sandbox_id must not be empty")
-        sandbox = self.sandboxes.get(resolve_prefix(self.sandboxes.ids(), sandbox_prefix,
-                                                    "pod sandbox"))
-        assert sandbox is not None
-        async with self.nri.blocking_sync(), self.locks(sandbox.id).read():
-            sandbox = self.sandboxes.get(sandbox.id)
+        sid = self._runnable_sandbox(sandbox_prefix)
+        async with self.nri.blocking_sync(), self.locks(sid).read():
+            sandbox = self.sandboxes.get(sid)
             if sandbox is None or not sandbox.ready:
                 raise FailedPrecondition(f"pod sandbox {sandbox_prefix} is not ready")
             return await self._create(sandbox, config, sandbox_config)
+
+    def _runnable_sandbox(self, prefix: str) -> str:
+        """The id of the pod ``prefix`` names, at once. A pod whose RunPodSandbox has not
+        returned (an NRI plugin may still hold its event) is not there yet: the create
+        fails instead of waiting for the pod's lock (containerd adds a sandbox to its store
+        only after the NRI hook, so it answers NotFound too)."""
+        try:
+            sid = resolve_prefix([r.id for r in self.sandboxes.visible()], prefix, "pod sandbox")
+        except NotFound:
+            if any(r.id.startswith(prefix) and r.phase == CREATING
+                   for r in self.sandboxes.all()):
+                raise NotFound(f"pod sandbox {prefix} is not ready: it is still being created "
+                               "(RunPodSandbox has not returned)") from None
+            raise
+        return sid
 
     async def _create(self, sandbox: SandboxRecord, config: pb.ContainerConfig,
                       sandbox_config: pb.PodSandboxConfig | None) -> str:

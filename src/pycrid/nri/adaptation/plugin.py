@@ -2,12 +2,12 @@
 
 A plugin connects (external, on the NRI socket) or is launched (pre-installed,
 on fd 3 of a socketpair), must register within the registration timeout, is
-configured, and is then synchronised by the adaptation. Every call carries the
-plugin's request timeout. Errors split as in containerd/nri's plugin.go:
-a closed connection, a protocol error or a missed deadline closes the plugin
-(``PluginGone``: the event carries on without it); any other error answer is
-the plugin's verdict (``PluginFailed``), which fails the CRI call for the
-events that may fail.
+configured, and is then synchronised by the adaptation. Synchronize carries the
+registration timeout, every other call the plugin's request timeout. Errors split
+as in containerd/nri's plugin.go: a closed connection, a protocol error or a
+missed deadline closes the plugin (``PluginGone``: the event carries on without
+it); any other error answer is the plugin's verdict (``PluginFailed``), which
+fails the CRI call for the events that may fail.
 """
 
 from __future__ import annotations
@@ -313,12 +313,19 @@ class ConnectedPlugin:
 
     async def synchronize(self, pods: Sequence[api.PodSandbox],
                           containers: Sequence[api.Container]) -> list[api.ContainerUpdate]:
-        """Send the current objects, split in ``more`` chunks under the message limit."""
+        """Send the current objects, split in ``more`` chunks under the message limit.
+
+        Synchronize is the last step of registration and its work grows with the node, so
+        each chunk has the registration timeout (or the plugin's own request timeout if that
+        is longer). containerd gives it the 2 s of an event, and drops a plugin that takes
+        that long over a busy node's state (critest's plugin synchronization specs)."""
+        timeout = max(self.info.registration_timeout, self.request_timeout)
         chunks = list(sync_chunks(pods, containers))
         for n, (chunk_pods, chunk_ctrs) in enumerate(chunks):
             more = n < len(chunks) - 1
             resp = await self.call("Synchronize", api.SynchronizeRequest(
-                pods=chunk_pods, containers=chunk_ctrs, more=more), api.SynchronizeResponse)
+                pods=chunk_pods, containers=chunk_ctrs, more=more), api.SynchronizeResponse,
+                timeout=timeout)
             if more and (resp.update or not resp.more):
                 await self.close("does not handle split Synchronize requests", "protocol")
                 raise PluginGone(f"plugin {self.name} does not handle split sync requests")
