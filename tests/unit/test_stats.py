@@ -117,6 +117,7 @@ def v1_tree(root: Path, rel: str, *, cpu: int, usage: int = 50_000_000,
     write(root / "memory" / rel / "memory.memsw.limit_in_bytes", f"{memsw}\n")
     write(root / "memory" / rel / "memory.max_usage_in_bytes", "60000000\n")
     write(root / "memory" / rel / "memory.failcnt", "17\n")
+    write(root / "memory" / rel / "memory.memsw.failcnt", "3\n")
     write(root / "memory" / rel / "memory.kmem.usage_in_bytes", "372736\n")
     write(root / "memory" / rel / "memory.oom_control",
           "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
@@ -185,7 +186,8 @@ def test_v1_reader(tmp_path: Path) -> None:
     assert (s.inactive_file, s.active_file) == (1_000_000, 2_000_000)
     assert s.working_set == 49_000_000
     assert s.available == 100_000_000 - 49_000_000
-    assert (s.memory_failcnt, s.kernel_memory, s.oom_kills) == (17, 372736, 2)
+    # failed charges against either limit (memory, memory+swap)
+    assert (s.memory_failcnt, s.kernel_memory, s.oom_kills) == (17 + 3, 372736, 2)
     # v1 swap: total_swap; the limit is memory+swap, so 50 MB of swap, 64 KiB used.
     assert (s.swap, s.swap_limit, s.swap_available) == (65536, 150_000_000,
                                                        50_000_000 - 65536)

@@ -150,6 +150,18 @@ def _named(entries: list[IoEntry], sysfs: str) -> tuple[IoEntry, ...]:
     return tuple(replace(e, device=block_device(e.major, e.minor, sysfs)) for e in entries)
 
 
+def _v1_failcnt(mem: str | None) -> int | None:
+    """Failed charges against the memory limit or the memory+swap limit: each failure
+    counts in one of the two, and the memory+swap counter is charged first, so with
+    both limits equal (no swap allowed) only memory.memsw.failcnt moves."""
+    if not mem:
+        return None
+    counts = [read_int(os.path.join(mem, f)) for f in ("memory.failcnt",
+                                                        "memory.memsw.failcnt")]
+    known = [c for c in counts if c is not None]
+    return sum(known) if known else None
+
+
 def _v1_blkio(directory: str) -> tuple[list[IoEntry], list[IoEntry]]:
     for ops_file, bytes_file in _BLKIO_FILES:
         text = read_text(os.path.join(directory, ops_file))
@@ -236,7 +248,7 @@ def read_v1(dirs: Mapping[str, str], *, unified: str | None = None, proc: str = 
         mapped_file=stat.get("total_mapped_file", 0),
         pgfault=stat.get("total_pgfault", 0),
         pgmajfault=stat.get("total_pgmajfault", 0),
-        memory_failcnt=val(mem, "memory.failcnt"),
+        memory_failcnt=_v1_failcnt(mem),
         kernel_memory=val(mem, "memory.kmem.usage_in_bytes"),
         swap=swap,
         swap_limit=memsw_limit,
