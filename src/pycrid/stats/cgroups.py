@@ -151,9 +151,10 @@ def _named(entries: list[IoEntry], sysfs: str) -> tuple[IoEntry, ...]:
 
 
 def _v1_failcnt(mem: str | None) -> int | None:
-    """Failed charges against the memory limit or the memory+swap limit: each failure
-    counts in one of the two, and the memory+swap counter is charged first, so with
-    both limits equal (no swap allowed) only memory.memsw.failcnt moves."""
+    """Failed charges against the memory limit or the memory+swap limit: a failure
+    counts in the counter that refused it (memory+swap is charged first), so the two
+    together are the times usage hit a limit. (Kernel 6.18 counts neither when the two
+    limits are equal, the kubelet's usual "no swap": the reading is then 0.)"""
     if not mem:
         return None
     counts = [read_int(os.path.join(mem, f)) for f in ("memory.failcnt",
