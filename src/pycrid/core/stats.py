@@ -25,6 +25,7 @@ from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.spec import CgroupDriver, cgroups_path
 from pycrid.stats import metrics
 from pycrid.stats.cgroups import CgroupStats, Hierarchy
+from pycrid.stats.devices import filesystem_device
 from pycrid.stats.netdev import InterfaceCounters
 from pycrid.stats.pod import sum_cgroups, sum_rates
 from pycrid.stats.sampler import LayerUsage, Sample, Sampler, Target
@@ -62,6 +63,8 @@ class StatsService:
         self.containers = containers
         self.snapshotter = snapshotter
         self.cgroup_driver = cgroup_driver
+        #: The device under the snapshotter's root (metrics' "device" label), found once.
+        self._fs_device: str | None = None
         self.sampler = Sampler(period=period, targets=self._targets, hierarchy=hierarchy,
                                layer_usage=self._layer_usage)
 
@@ -74,8 +77,18 @@ class StatsService:
     # ---- what to sample ---------------------------------------------------------------------
 
     def _layer_usage(self, key: str) -> LayerUsage:
+        """Worker thread: the layer's own usage, and the filesystem under the snapshotter
+        (the container's filesystem in cAdvisor's terms: its limit and inodes)."""
         u = self.snapshotter.usage(key)
-        return LayerUsage(used_bytes=u.size, inodes_used=u.inodes)
+        if self._fs_device is None:
+            self._fs_device = filesystem_device(self.snapshotter.root)
+        try:
+            st = os.statvfs(self.snapshotter.root)
+        except OSError:
+            return LayerUsage(used_bytes=u.size, inodes_used=u.inodes, device=self._fs_device)
+        return LayerUsage(used_bytes=u.size, inodes_used=u.inodes, device=self._fs_device,
+                          capacity_bytes=st.f_blocks * st.f_frsize, inodes_total=st.f_files,
+                          inodes_free=st.f_ffree)
 
     def _container_target(self, rec: ContainerRecord) -> Target:
         pod = self.pods.store.get(rec.sandbox_id)
