@@ -10,7 +10,7 @@ daemon dies under the call, restarts it without fail points and checks:
   visible;
 * no trace of any other object is left: bundles, volumes, exit files, runc
   state, conmon processes, mounts, netns, CNI cache entries and pod IPs,
-  writable snapshots, container cgroups;
+  writable snapshots and image volume views, container cgroups;
 * the operation, retried, succeeds; afterwards removing everything leaves
   nothing at all (``leftovers``).
 """
@@ -51,8 +51,8 @@ MATRIX: dict[str, list[str]] = {
     "RunPodSandbox": ["sandbox.record", "sandbox.netns", "sandbox.network", "sandbox.files",
                       "sandbox.shm", "sandbox.rootfs", "sandbox.spec", "sandbox.created",
                       "sandbox.started"],
-    "CreateContainer": ["container.record", "container.rootfs", "container.bundle",
-                        "container.created"],
+    "CreateContainer": ["container.record", "container.rootfs", "container.image_volumes",
+                        "container.bundle", "container.created"],
     "StartContainer": ["container.start", "container.started"],
     "StopContainer": ["container.signalled", "container.killed"],
     "RemoveContainer": ["container.remove", "container.cleaned"],
@@ -89,6 +89,11 @@ class Scenario:
             # stop has to SIGKILL.
             return container_config(self.busybox, name, command=[
                 "sh", "-c", "trap '' TERM; sleep 3600 & wait"])
+        if self.op == "CreateContainer":
+            # With an image volume (its own mount and snapshot view) to clean up too.
+            return container_config(self.busybox, name, command=["sleep", "3600"], mounts=[
+                pb.Mount(container_path="/vol", readonly=True,
+                         image=pb.ImageSpec(image=self.busybox))])
         return container_config(self.busybox, name, command=["sleep", "3600"])
 
     # ---- before the crash: set the stage, then the call the daemon dies in ----------------
@@ -159,6 +164,7 @@ class Scenario:
             cid = pods.create(w.sid, self.sleeper(), w.pod)
             pods.start(cid)
             assert pods.status(cid).status.state == pb.CONTAINER_RUNNING
+            assert pods.exec(cid, ["test", "-x", "/vol/bin/busybox"]).exit_code == 0
 
         def start() -> None:
             if pods.status(w.cid).status.state == pb.CONTAINER_CREATED:

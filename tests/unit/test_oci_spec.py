@@ -808,9 +808,40 @@ def test_container_spec_is_json() -> None:
     json.dumps(ctr(cc(tty=True, mounts=[pb.Mount(container_path="/m", host_path="/h")])))
 
 
-def test_image_volume_mounts_are_refused_by_name() -> None:
+def test_image_volume_is_a_read_only_bind_of_its_mounted_image() -> None:
+    """The core mounts the image and sets host_path; the spec binds it like any mount,
+    and an image VOLUME at the same path gives way to it."""
+    m = pb.Mount(container_path="/data", host_path="/run/pycrid/containers/c/image-volumes/0",
+                 readonly=True, image=pb.ImageSpec(image="busybox"))
+    spec = ctr(cc(mounts=[m]), image={"config": {"Cmd": ["sh"], "Volumes": {"/data": {}}}})
+    assert [x for x in spec["mounts"] if x["destination"] == "/data"] == [
+        {"destination": "/data", "type": "bind", "source": m.host_path,
+         "options": ["rbind", "rprivate", "ro"]}]
+
+
+def test_image_volume_not_mounted_is_refused() -> None:
     from pycrid.oci.mounts import cri_mount
 
-    m = pb.Mount(container_path="/data", image=pb.ImageSpec(image="busybox"))
-    with pytest.raises(InvalidArgument, match=r"'/data': image volumes .* not supported"):
+    m = pb.Mount(container_path="/data", readonly=True, image=pb.ImageSpec(image="busybox"))
+    with pytest.raises(InvalidArgument,
+                       match=r"^ImageVolumeMountFailed: mount '/data': image 'busybox' has not "
+                             r"been mounted$"):
         cri_mount(m)
+
+
+@pytest.mark.parametrize(("kw", "why"), [
+    ({"readonly": False}, "an image volume must be read-only"),
+    ({"readonly": True, "host_path": "/h"}, "an image volume takes no host_path"),
+])
+def test_image_mount_rules(kw: dict[str, Any], why: str) -> None:
+    from pycrid.oci.mounts import check_image_mount, is_image_mount
+
+    m = pb.Mount(container_path="/data", image=pb.ImageSpec(image="busybox"), **kw)
+    assert is_image_mount(m)
+    with pytest.raises(InvalidArgument,
+                       match=rf"^ImageVolumeMountFailed: mount '/data' of image 'busybox': {why}"):
+        check_image_mount(m)
+    check_image_mount(pb.Mount(container_path="/data", readonly=True,
+                               image=pb.ImageSpec(image="busybox")))
+    assert not is_image_mount(pb.Mount(container_path="/d", host_path="/h",
+                                       image=pb.ImageSpec()))
