@@ -60,7 +60,17 @@ MATRIX: dict[str, list[str]] = {
     "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],
     "PullImage": ["pull.manifest", "pull.downloaded", "pull.unpacking", "pull.unpacked"],
 }
-CASES = [(op, point) for op, points in MATRIX.items() for point in points]
+#: The same for a pod without a pause process (drop_infra_ctr): its own steps where the
+#: pause's would be.
+PINNED: dict[str, list[str]] = {
+    "RunPodSandbox": ["sandbox.record", "sandbox.netns", "sandbox.network", "sandbox.files",
+                      "sandbox.shm", "sandbox.pinned", "sandbox.cgroup"],
+    "CreateContainer": ["container.record", "container.bundle", "container.created"],
+    "StopPodSandbox": ["sandbox.stop", "sandbox.stopped", "sandbox.detached"],
+    "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],
+}
+CASES = ([(op, point, False) for op, points in MATRIX.items() for point in points]
+         + [(op, point, True) for op, points in PINNED.items() for point in points])
 
 
 @dataclass
@@ -77,13 +87,26 @@ class World:
 
 class Scenario:
     def __init__(self, op: str, point: str, registry: LocalRegistry,
-                 images: TestImages) -> None:
-        self.op, self.point = op, point
+                 images: TestImages, pinned: bool = False) -> None:
+        self.op, self.point, self.pinned = op, point, pinned
         self.registry, self.images = registry, images
         self.busybox = images.busybox.ref(registry)
         self.layered = images.layered.ref(registry)
 
+    def pod(self) -> Any:
+        """A pod with a pause container, or (pinned) one without."""
+        cfg = pod_config()
+        if self.pinned:
+            cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
+        return cfg
+
     def sleeper(self, name: str = "c") -> Any:
+        cfg = self._sleeper(name)
+        if self.pinned:
+            cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
+        return cfg
+
+    def _sleeper(self, name: str) -> Any:
         if self.op == "StopContainer":
             # Ignores SIGTERM, so the daemon dies inside the grace period and the retried
             # stop has to SIGKILL.
@@ -106,7 +129,7 @@ class Scenario:
         d.client.pull(self.busybox)
         if self.op == "RunPodSandbox":
             return w
-        w.pod = pod_config()
+        w.pod = self.pod()
         w.sid = pods.run(w.pod)
         w.pods[w.sid] = pb.SANDBOX_READY
         if self.op == "CreateContainer":
@@ -124,7 +147,7 @@ class Scenario:
 
     def call(self, pods: Pods, d: Daemon, w: World) -> None:
         ops: dict[str, Callable[[], object]] = {
-            "RunPodSandbox": lambda: pods.run(pod_config()),
+            "RunPodSandbox": lambda: pods.run(self.pod()),
             "CreateContainer": lambda: pods.create(w.sid, self.sleeper(), w.pod),
             "StartContainer": lambda: pods.start(w.cid),
             "StopContainer": lambda: pods.stop(w.cid, timeout=30),
@@ -157,7 +180,7 @@ class Scenario:
     def retry(self, d: Daemon, pods: Pods, w: World) -> Callable[[], None]:
         """The client's retry, and what must hold after it."""
         def run_pod() -> None:
-            sid = pods.run(pod_config())
+            sid = pods.run(self.pod())
             assert pods.pod_status(sid).status.state == pb.SANDBOX_READY
 
         def create() -> None:
@@ -253,10 +276,11 @@ def strays(d: Daemon, pods: set[str], containers: set[str]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("op", "point"), CASES, ids=[f"{o}-{p}" for o, p in CASES])
-def test_kill_at_every_step(op: str, point: str, tmp_path: Path, registry: LocalRegistry,
-                            test_images: TestImages) -> None:
-    s = Scenario(op, point, registry, test_images)
+@pytest.mark.parametrize(("op", "point", "pinned"), CASES,
+                         ids=[f"{o}-{p}" + ("-pinned" if n else "") for o, p, n in CASES])
+def test_kill_at_every_step(op: str, point: str, pinned: bool, tmp_path: Path,
+                            registry: LocalRegistry, test_images: TestImages) -> None:
+    s = Scenario(op, point, registry, test_images, pinned)
     with _start(tmp_path, registry, test_images, f"{point}:kill") as d:
         pods = Pods(d.client)
         world = s.prepare(d, pods)

@@ -12,6 +12,7 @@ from pycrid.errors import InvalidArgument
 from pycrid.oci.defaults import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
 from pycrid.oci.spec import (
     DeviceNode,
+    Namespaces,
     SandboxFiles,
     cgroups_path,
     container_spec,
@@ -30,6 +31,9 @@ PAUSE = {"config": {"Entrypoint": ["/pause"], "User": "65535:65535"}}
 PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PASSWD = "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n"
 GROUP = "root:x:0:\nalice:x:1000:\nextra:x:50000:alice\nwheel:x:10:root,alice\n"
+
+#: The namespaces of a pod whose pause process is pid 42.
+PAUSE_42 = Namespaces(*(f"/proc/42/ns/{k}" for k in ("net", "ipc", "uts", "pid", "user")))
 
 
 def pod(**linux_sc: Any) -> pb.PodSandboxConfig:
@@ -55,7 +59,7 @@ def ctr(cfg: pb.ContainerConfig | None = None, sandbox: pb.PodSandboxConfig | No
     kw.setdefault("files", FILES)
     return container_spec(
         cfg or cc(), sandbox or pod(), {"config": {"Cmd": ["sh"]}} if image is None else image,
-        container_id=CID, sandbox_id=SID, sandbox_pid=42, image_name="docker.io/library/x:1",
+        container_id=CID, sandbox_id=SID, namespaces=PAUSE_42, image_name="docker.io/library/x:1",
         volumes_dir="/var/lib/pycrid/containers/" + CID + "/volumes",
         node_hostname="node1", **kw)
 

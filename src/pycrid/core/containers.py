@@ -333,7 +333,8 @@ class ContainerManager:
         privileged = config.linux.security_context.privileged
         spec = container_spec(
             config, pod_config, image_config, container_id=cid, sandbox_id=sandbox.id,
-            sandbox_pid=sandbox.pid, etc_passwd=read_etc(rootfs, "passwd"),
+            namespaces=self.controller.namespaces(sandbox),
+            etc_passwd=read_etc(rootfs, "passwd"),
             etc_group=read_etc(rootfs, "group"), image_name=image_name,
             files=self.controller.files(sandbox.id), volumes_dir=volumes_dir,
             node_hostname=os.uname().nodename, cgroup_v2=self.resource_policy.host.unified,

@@ -106,10 +106,20 @@ class StatsService:
         except Exception:
             path = ""
         # A host-network pod has no netns of its own: its pause sees the host's interfaces.
-        return Target(id=rec.id, cgroups_path=path, net_pid=rec.pid if rec.netns else 0)
+        return Target(id=rec.id, cgroups_path=path,
+                      net_pid=self._net_pid(rec) if rec.netns else 0)
+
+    def _net_pid(self, rec: SandboxRecord) -> int:
+        """A process in the pod's network namespace: the pause, or for a pod without one
+        its first running container (CRI-O answers cAdvisor the same way,
+        cri-o/cri-o#4613); 0 while none runs."""
+        if rec.pid:
+            return rec.pid
+        return next((c.pid for c in self.containers.of_sandbox(rec.id)
+                     if c.state == pb.CONTAINER_RUNNING and c.pid > 0), 0)
 
     def _targets(self) -> list[Target]:
-        out = [self._pod_target(p) for p in self.pods.store.visible() if p.ready and p.pid]
+        out = [self._pod_target(p) for p in self.pods.store.visible() if p.ready]
         out += [self._container_target(c) for c in self.containers.store.visible()
                 if c.state == pb.CONTAINER_RUNNING]
         return out
