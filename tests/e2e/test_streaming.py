@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import os
 import re
+import secrets
 import select
 import signal
 import socket
@@ -160,7 +161,9 @@ async def test_websocket_protocols(daemon: Daemon, pod: Any, protocol: str) -> N
 @pytest.mark.parametrize("transport", ["spdy", "websocket"])
 async def test_attach(daemon: Daemon, pod: Any, transport: str) -> None:
     pods, sid, config, _ = pod
-    script = "echo ready; while read l; do echo got:$l; echo err:$l >&2; done"
+    # stderr first: once got:N is seen, err:N is in conmon's pipe and reaches the log even
+    # if the container is killed right then.
+    script = "echo ready; while read l; do echo err:$l >&2; echo got:$l; done"
     cid = pods.run_container(sid, container_config(
         daemon.extra["busybox"], f"attached-{transport}", command=["sh", "-c", script],
         stdin=True, stdin_once=False, log_path=f"attached-{transport}.log"), config)
@@ -276,6 +279,11 @@ def test_bad_requests(daemon: Daemon, pod: Any) -> None:
     pods.remove(exited)
 
 
+def _marker() -> str:
+    """A ``sleep`` argument no other test run on this machine uses at the same time."""
+    return str(100_000 + secrets.randbelow(900_000))
+
+
 def _sleepers(marker: str) -> list[str]:
     return [cmd for _, cmd in command_lines() if cmd == f"sleep {marker}"]
 
@@ -284,7 +292,7 @@ def _sleepers(marker: str) -> list[str]:
 async def test_client_disconnect_kills_the_exec(daemon: Daemon, pod: Any,
                                                 transport: str) -> None:
     _, _, _, cid = pod
-    marker = "4242" if transport == "spdy" else "4343"
+    marker = _marker()
     session = await TRANSPORTS[transport].start(
         _exec_url(daemon, cid, ["sleep", marker], stdin=True), stdin=True, stderr=False)
     await asyncio.to_thread(wait_for, lambda: _sleepers(marker), 15, "the exec to run")
@@ -298,15 +306,16 @@ async def test_removed_container_ends_the_exec_with_an_error(daemon: Daemon,
     pods, sid, config, _ = pod
     cid = pods.run_container(sid, container_config(daemon.extra["busybox"], "doomed",
                                                    command=["sleep", "3600"]), config)
+    marker = _marker()
     session = await TRANSPORTS["spdy"].start(
-        _exec_url(daemon, cid, ["sh", "-c", "trap '' TERM; sleep 4444"]), stdin=False,
+        _exec_url(daemon, cid, ["sh", "-c", f"trap '' TERM; sleep {marker}"]), stdin=False,
         stderr=False)
-    await asyncio.to_thread(wait_for, lambda: _sleepers("4444"), 15, "the exec to run")
+    await asyncio.to_thread(wait_for, lambda: _sleepers(marker), 15, "the exec to run")
     await asyncio.to_thread(pods.remove, cid)
     result = await session.wait(limit=30)
     assert b"InternalError" in result.error or b"Failure" in result.error, result.error
     assert cid.encode() in result.error
-    assert not _sleepers("4444")
+    assert not _sleepers(marker)
 
 
 async def test_many_concurrent_execs(daemon: Daemon, pod: Any) -> None:
@@ -422,7 +431,7 @@ def test_crictl_exec_tty(daemon: Daemon, pod: Any, tmp_path: Path, transport: st
     status, screen = _in_terminal(
         [*_crictl(daemon, tmp_path), "exec", "-it", "-r", transport, cid, "sh"],
         b"stty size; tty; exit 3\r", rows=33, cols=111)
-    lines = screen.replace(b"\r\n", b"\n")
+    lines = screen.replace(b"\r", b"")  # both terminals on the way add carriage returns
     assert b"\n33 111\n" in lines and b"\n/dev/pts/0\n" in lines, screen
     assert status == 1 and b"command terminated with exit code 3" in screen, screen
     assert b"error reading" not in screen and b"Unknown stream" not in screen, screen

@@ -331,7 +331,10 @@ class WebSocketCommand(CommandSession):
         self.http, self.ws, self.codec = http, ws, codec
         self.out, self.err, self.error = bytearray(), bytearray(), bytearray()
         self.arrived = asyncio.Event()
+        #: Channels the server sent v5's CLOSE for (the kubelet never does).
         self.closed_channels: set[int] = set()
+        #: The code of the server's Close frame, once the session ended.
+        self.close_code: int | None = None
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -359,6 +362,7 @@ class WebSocketCommand(CommandSession):
             if target is not None:
                 target += decoded.data
                 self.arrived.set()
+        self.close_code = self.ws.close_code
         self.arrived.set()
 
     async def _send(self, channel: int, data: bytes) -> None:

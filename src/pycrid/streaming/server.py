@@ -41,7 +41,7 @@ from pycrid.streaming.remotecommand import SPDY_PROTOCOLS, CommandStreams
 from pycrid.streaming.spdy_session import SpdySession, SpdyStream
 from pycrid.streaming.tokens import TokenCache, TooManyRequests
 from pycrid.streaming.transport import Transport
-from pycrid.streaming.websocket import WebSocketEnd
+from pycrid.streaming.websocket import GOING_AWAY, WebSocketEnd
 from pycrid.streaming.ws_session import WebSocketChannel, WebSocketSession, WebSocketTunnel
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,9 @@ class StreamServer:
         try:
             await _while_connected(serve(), session.run(trailing), transport)
         finally:
-            await session.close()
+            # Still open here only when the session was cut short (the daemon stops, the
+            # session failed): no status went out, and the code says so.
+            await session.close(GOING_AWAY, "session ended early")
 
     async def _tunnel(self, transport: Transport, end: WebSocketEnd,
                       request: PortForwardRequest, trailing: bytes) -> None:

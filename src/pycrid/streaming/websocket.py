@@ -25,6 +25,9 @@ from wsproto.frame_protocol import CloseReason
 
 #: The close codes the server sends (RFC 6455 7.4.1).
 NORMAL_CLOSURE: Final = int(CloseReason.NORMAL_CLOSURE)
+#: The session ended before its end (daemon stopping, session failed): client-go reports
+#: it as an error instead of taking the missing status for success.
+GOING_AWAY: Final = int(CloseReason.GOING_AWAY)
 PROTOCOL_ERROR: Final = int(CloseReason.PROTOCOL_ERROR)
 UNSUPPORTED_DATA: Final = int(CloseReason.UNSUPPORTED_DATA)
 

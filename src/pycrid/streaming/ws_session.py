@@ -122,6 +122,8 @@ class WebSocketSession:
         ``CLOSE_TIMEOUT``, while the reader still runs), then the connection. Safe to call
         again; without a reader, or with the connection gone, it just closes."""
         self._closing = True
+        for channel in self.channels.values():
+            channel.inbox.end()  # nobody reads any more: drop what still arrives
         self._room.set()  # a reader held back by a full channel must get to the answer
         farewell = self.end.close(code, reason)
         if farewell and not self.transport.closing:
