@@ -64,7 +64,8 @@ def test_second_daemon_on_same_socket_is_refused(tmp_path: Path) -> None:
             serve_command(None, str(other / "root"), str(other / "state"), d.address),
             capture_output=True, text=True, timeout=60)
         assert proc.returncode == 1
-        assert "another pycrid is already serving" in proc.stderr
+        assert (f"the CRI socket {d.address} is in use by another pycrid (pid {d.proc.pid} "
+                f"holds the lock {d.address}.lock)") in proc.stderr
         # The first one is untouched.
         assert d.client.runtime.Version(pb.VersionRequest(), timeout=5).runtime_name == "pycrid"
 
