@@ -42,7 +42,7 @@ def test_a_stale_lock_file_is_taken_over(tmp_path: Path) -> None:
 
 
 def test_an_unwritable_lock_dir_says_so(tmp_path: Path) -> None:
-    with pytest.raises(FailedPrecondition, match="cannot create the lock file .* for the st"):
+    with pytest.raises(FailedPrecondition, match=r"cannot create the lock file .* for the st"):
         PathLock(str(tmp_path / "missing" / "pycrid.lock"), what="the state directory /s",
                  hint="choose another --state").acquire()
 
@@ -59,8 +59,8 @@ def test_check_free(tmp_path: Path) -> None:
         live.bind(path)
         live.listen()
         with pytest.raises(FailedPrecondition,
-                           match="the NRI socket .* is served by another process; .* or set "
-                                 "socket_path"):
+                           match=r"the NRI socket .* is served by another process; .* or set "
+                                 r"socket_path"):
             check_free(path, what="the NRI socket", hint="set socket_path")
     os.unlink(path)
     Path(path).write_text("not a socket")
