@@ -7,6 +7,7 @@ bridges), so the suite passes on a node that also runs containerd or another pyc
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -21,10 +22,24 @@ WATCHED = ("pycrid serve", "pycrid.cli", "conmon", "runc", "nri-", "critest", "c
            "kubelet")
 
 
+def _ancestors() -> set[int]:
+    """This process's parents (whose command line may name ``--basetemp`` too)."""
+    found, pid = set(), os.getppid()
+    while pid > 1:
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
+
+
 def session_processes(base: str) -> list[str]:
     """Runtime processes started for this session: their command line names ``base``."""
+    mine = _ancestors()
     return [f"{pid}: {cmd[:300]}" for pid, cmd in command_lines()
-            if base in cmd and any(n in cmd for n in WATCHED)]
+            if base in cmd and any(n in cmd for n in WATCHED) and pid not in mine]
 
 
 def session_leaks(base: str) -> list[str]:
