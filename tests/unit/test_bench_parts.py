@@ -19,7 +19,7 @@ from pycrid.bench.cri import Pods
 from pycrid.bench.floor import floor_spec, host_rootfs
 from pycrid.bench.procs import accepted_connections, memory_kib, socket_owner
 from pycrid.bench.report import Section, guarded, table
-from pycrid.bench.run import sandbox_image_of
+from pycrid.bench.run import default_endpoint, sandbox_image_of
 from pycrid.bench.stats import p90, stats, timed
 from pycrid.bench.target import Target
 
@@ -102,6 +102,12 @@ def test_sandbox_image_as_runtimes_report_it() -> None:
         == "k8s/pause:3.10"
     assert sandbox_image_of({"config": "not json"}) is None
     assert sandbox_image_of({}) is None
+
+
+def test_default_endpoint_is_the_configs_socket(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('version = 2\n[grpc]\naddress = "/run/elsewhere/pycrid.sock"\n')
+    assert default_endpoint(str(cfg)) == "/run/elsewhere/pycrid.sock"
 
 
 def test_floor_rootfs_binds_host_directories_and_copies_symlinks(tmp_path: Path) -> None:
