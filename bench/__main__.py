@@ -1,5 +1,7 @@
 """The issue-10 benchmark of a CRI runtime: lifecycle, NRI, pull, memory and list latency,
-each figure beside a floor measured in the same run.
+each figure beside a floor measured in the same run. The sections but pull are
+``pycrid.bench``'s (also installed as ``pycrid bench``); this adds the test registry, a
+pycrid of its own and the pull section.
 
 Run from the repository root as root::
 
@@ -21,18 +23,19 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 from tests.support.daemon import CRIClient, nri_paths
-from tests.support.pods import Pods, leftovers
+from tests.support.pods import leftovers
 
-from bench import lifecycle, listing, nri, pull, rss
+from bench import pull
 from bench.common import (
+    RUNC,
     HostSnapshot,
+    Pods,
     Target,
     arm_signals,
     check_host,
@@ -40,38 +43,23 @@ from bench.common import (
     is_worker,
     pycrid_daemon,
     registry_env,
-    remove_pod,
-    socket_owner,
     supervise,
     wait_gone,
 )
 from bench.report import SECTIONS, Section, table
+from pycrid.bench import rss
+from pycrid.bench.command import int_list, section_list
+from pycrid.bench.listing import CALLS
+from pycrid.bench.procs import socket_owner
+from pycrid.bench.sections import Plan, run_sections
 
 PROG = "bench"
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
-    if not vals or min(vals) < 0:
-        raise argparse.ArgumentTypeError(f"need non-negative integers: {text!r}")
-    return vals
-
-
-def section_list(text: str) -> list[str]:
-    names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in SECTIONS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"sections are {','.join(SECTIONS)}, not {bad}")
-    return names
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n")[0])
     ap.add_argument("--json", metavar="PATH", help="also write every result as JSON here")
-    ap.add_argument("--sections", type=section_list, default=list(SECTIONS),
+    ap.add_argument("--sections", type=section_list(SECTIONS), default=list(SECTIONS),
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default all)")
     ap.add_argument("--iterations", type=int, default=30,
                     help="lifecycle rounds and NRI rounds (default 30)")
@@ -84,8 +72,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="running pods for the rss and list sections (default 100)")
     ap.add_argument("--list-sizes", type=int_list, default=[100, 500, 1000],
                     help="container counts the list calls are timed at (default 100,500,1000)")
-    ap.add_argument("--list-calls", type=int, default=listing.CALLS,
-                    help=f"calls timed per list size and kind (default {listing.CALLS})")
+    ap.add_argument("--list-calls", type=int, default=CALLS,
+                    help=f"calls timed per list size and kind (default {CALLS})")
     ap.add_argument("--endpoint", metavar="unix:///PATH",
                     help="measure the CRI runtime at this socket instead of starting pycrid")
     ap.add_argument("--pycrid-src", metavar="DIR", default="",
@@ -133,24 +121,25 @@ def target_env(base: Path, args: argparse.Namespace,
                 report["runtime"]["pycrid_src"] = os.path.abspath(args.pycrid_src or "src")
                 daemon.client.pull(busybox)
                 daemon.client.pull(images.pause.ref(reg))
-                yield Target(base, reg, images, daemon.client, Pods(daemon.client), busybox,
+                yield Target(base, daemon.client, Pods(daemon.client.runtime), busybox,
                              f"unix://{daemon.address}", dpid,
-                             nri_paths(str(base / "daemon"))["socket_path"], daemon), idle
+                             nri_paths(str(base / "daemon"))["socket_path"], reg, images,
+                             daemon), idle
             return
         path = args.endpoint.removeprefix("unix://")
         client = CRIClient(path)
-        pods = Pods(client)
+        pods = Pods(client.runtime)
         try:
             pid: int | None = args.daemon_pid or socket_owner(path)
             idle = rss.Idle.take(pid)
             report["runtime"] = runtime_info(client, args.endpoint, pid, started=False)
             try:
                 client.pull(busybox)
-                yield Target(base, reg, images, client, pods, busybox, args.endpoint, pid,
-                             args.nri_socket), idle
+                yield Target(base, client, pods, busybox, args.endpoint, pid,
+                             args.nri_socket, reg, images), idle
             finally:
                 for sid in list(pods.pods):
-                    remove_pod(pods, sid)
+                    pods.discard(sid)
                 with contextlib.suppress(Exception):
                     client.remove(busybox)
         finally:
@@ -165,58 +154,13 @@ def runtime_info(client: CRIClient, endpoint: str, pid: int | None,
             "started_by_bench": started}
 
 
-def guarded(name: str, fn: Callable[[], Section], errors: list[str]) -> Section:
-    """Run one section; a failure is recorded and the run goes on with the next."""
-    print(f"== {name}", file=sys.stderr)
-    try:
-        sec = fn()
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:
-        traceback.print_exc()
-        errors.append(f"{name}: {e}")
-        sec = Section(name, skipped=f"error: {str(e).splitlines()[0] if str(e) else e!r}")
-    sec.finish()
-    return sec
-
-
-def run_sections(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
-                 errors: list[str]) -> dict[str, Section]:
-    """rss and list first, so the memory with N pods is not the memory after the pulls;
-    then lifecycle, nri and pull on a runtime with no pod left."""
-    done: dict[str, Section] = {}
-    want = args.sections
-    if "rss" in want or "list" in want:
-        fleet = rss.Fleet(target)
-        try:
-            buildup: list[float] = []
-
-            def build_and_measure() -> Section:
-                buildup.append(fleet.build(args.rss_pods))
-                return rss.run(target, idle, fleet, args.rss_pods, buildup[0])
-
-            sec = guarded("rss", build_and_measure, errors)
-            if "rss" in want:
-                done["rss"] = sec
-            if "list" in want:
-                if buildup:
-                    done["list"] = guarded("list", lambda: listing.run(
-                        target, fleet, args.list_sizes, args.list_calls), errors)
-                else:
-                    done["list"] = Section("list", skipped="error: no pods to list")
-        finally:
-            print("removing pods ...", file=sys.stderr)
-            fleet.remove()
-    if "lifecycle" in want:
-        done["lifecycle"] = guarded("lifecycle", lambda: lifecycle.run(
-            target, args.iterations), errors)
-    if "nri" in want:
-        done["nri"] = guarded("nri", lambda: nri.run(
-            target, args.nri_plugins, args.iterations, args.seed), errors)
-    if "pull" in want:
-        done["pull"] = guarded("pull", lambda: pull.run(
-            target, args.pull_mb, args.pull_layers, args.pull_rounds), errors)
-    return done
+def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
+                errors: list[str]) -> dict[str, Section]:
+    """The installed sections, then pull on a runtime with no pod left."""
+    plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
+                args.list_sizes, args.list_calls)
+    return run_sections(target, idle, plan, RUNC, errors, after={"pull": lambda: pull.run(
+        target, args.pull_mb, args.pull_layers, args.pull_rounds)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             with target_env(base, args, report) as (target, idle):
-                sections = run_sections(target, idle, args, errors)
+                sections = sections_of(target, idle, args, errors)
         finally:
             dbase = base / "daemon"
             if (dbase / "config.toml").exists():

@@ -1,5 +1,5 @@
 """The ``pycrid`` command: ``serve``, ``config default``, ``config migrate``, ``version``,
-``status``, ``nri plugins``, ``install-service``."""
+``status``, ``nri plugins``, ``install-service``, ``bench``."""
 
 from __future__ import annotations
 
@@ -57,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     nri = sub.add_parser("nri", help="NRI of the running daemon")
     nsub = nri.add_subparsers(dest="nri_command", required=True)
     client_args(nsub.add_parser("plugins", help="connected plugins and their call counts"))
+
+    from pycrid.bench.command import add_arguments
+
+    add_arguments(sub.add_parser(
+        "bench", help="measure a CRI runtime on this node, each figure beside a floor"))
     return p
 
 
@@ -127,6 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command in ("status", "nri"):
         return _client(args)
+    if args.command == "bench":
+        from pycrid.bench import command
+
+        problem = command.check(args)
+        if problem:
+            print(f"pycrid bench: error: {problem}", file=sys.stderr)
+            return 2
+        return command.main(args)
     if args.command == "install-service":
         from pycrid.install import install_service
 

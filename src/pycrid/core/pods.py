@@ -155,7 +155,7 @@ class PodManager:
             undo.push_async_callback(self.controller.shutdown, sid)
             # The pause joins the netns by path and CNI configures the netns: neither waits
             # for the other, so CNI ADD runs beside conmon + runc create/start (about a third
-            # of RunPodSandbox; bench.lifecycle). Both are let finish before any unwinding.
+            # of RunPodSandbox; pycrid.bench.lifecycle). Both are let finish before any unwinding.
             started, attached = await asyncio.gather(
                 self._start_sandbox(sid, config, image, netns, chosen),
                 self._attach(sid, netns, config, handler, undo), return_exceptions=True)

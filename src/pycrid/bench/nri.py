@@ -1,8 +1,9 @@
 """CreateContainer latency with 0, 1, 5... NRI plugins subscribed to CreateContainer.
 
 The plugins are small SDK plugins run as external processes that dial the runtime's NRI
-socket (``python -m bench.nri plugin --idx NN --socket PATH --ready FILE``); each adds
-``BENCH_NRI_<idx>=1`` to every container and touches FILE once synchronized, so the
+socket (``python -m pycrid.bench.nri plugin --idx NN --socket PATH --ready FILE --pod-uid
+UID``); each adds ``BENCH_NRI_<idx>=1`` to the containers of the benchmark's own pod (no
+other container on the node is changed) and touches FILE once synchronized, so the
 benchmark needs nothing from the runtime's log and works against any NRI runtime.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import random
 import re
 import secrets
@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.pods import container_config, pod_config
-
-from bench.common import Target, remove_pod, timed
-from bench.report import Section
+from pycrid.bench.cri import container_config, pod_config
+from pycrid.bench.procs import accepted_connections
+from pycrid.bench.report import Section
+from pycrid.bench.stats import timed
+from pycrid.bench.target import Target
 from pycrid.nri import Adjustment, Plugin, api
 from pycrid.nri import run as run_plugin
 
-PROG = "bench.nri"
+PROG = "pycrid.bench.nri"
 FIRST_IDX = 10
 PLUGIN_NAME = "bench"
 ENV_PREFIX = "BENCH_NRI_"
@@ -42,16 +43,19 @@ WARMUP_TRIES = 50
 
 class EnvAdder(Plugin):
     """Subscribes to CreateContainer only (the one handler overridden) and adds
-    ``BENCH_NRI_<idx>=1`` to every container."""
+    ``BENCH_NRI_<idx>=1`` to every container of the pod whose uid is ``pod_uid``."""
 
-    def __init__(self, idx: str, ready: str) -> None:
+    def __init__(self, idx: str, ready: str, pod_uid: str) -> None:
         self.var = f"{ENV_PREFIX}{idx}"
         self.ready = ready
+        self.pod_uid = pod_uid
 
     def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
         Path(self.ready).touch()
 
     def create_container(self, pod: api.PodSandbox, container: api.Container) -> Adjustment:
+        if pod.uid != self.pod_uid:
+            return Adjustment()
         return Adjustment().add_env(self.var, "1")
 
 
@@ -60,35 +64,29 @@ def plugin_main(argv: list[str]) -> int:
     ap.add_argument("--idx", required=True, help="plugin index, two digits")
     ap.add_argument("--socket", required=True, help="the runtime's NRI socket")
     ap.add_argument("--ready", required=True, help="file touched once synchronized")
+    ap.add_argument("--pod-uid", required=True, help="only this pod's containers are adjusted")
     args = ap.parse_args(argv)
-    return run_plugin(EnvAdder(args.idx, args.ready), name=PLUGIN_NAME, idx=args.idx,
-                      socket_path=args.socket)
+    return run_plugin(EnvAdder(args.idx, args.ready, args.pod_uid), name=PLUGIN_NAME,
+                      idx=args.idx, socket_path=args.socket)
 
 
 # ---------------------------------------------------------------------------
 # Bringing the runtime to N connected plugins
 
 
-def runtime_side_connections(socket_path: str) -> int:
-    """Connections the runtime has accepted on its NRI socket: an accepted unix socket
-    carries its listener's path in /proc/net/unix (the dialling end has none), and the
-    entry goes away only once the runtime has closed its end."""
-    n = 0
-    path = os.path.normpath(socket_path)
-    with open("/proc/net/unix") as f:
-        next(f)
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 8 and os.path.normpath(parts[7]) == path:
-                n += 1
-    return max(n - 1, 0)  # minus the listener
-
-
 @dataclass
 class Plugins:
+    """The run's plugin processes; ``baseline`` is the connections the runtime held on its
+    NRI socket before (other plugins of the node's)."""
+
     socket: str
     dir: Path
+    pod_uid: str
+    baseline: int = 0
     running: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.baseline = accepted_connections(self.socket)
 
     def set(self, n: int, timeout: float = 30) -> None:
         """Exactly plugins FIRST_IDX .. FIRST_IDX+n-1 connected and synchronized."""
@@ -107,7 +105,8 @@ class Plugins:
             with open(self.dir / f"plugin-{idx}.log", "ab") as err:
                 self.running[idx] = subprocess.Popen(
                     [sys.executable, "-m", PROG, "plugin", "--idx", str(idx),
-                     "--socket", self.socket, "--ready", str(ready)],
+                     "--socket", self.socket, "--ready", str(ready),
+                     "--pod-uid", self.pod_uid],
                     stdin=subprocess.DEVNULL, stdout=err, stderr=err)
         deadline = time.monotonic() + timeout
         pending = set(indices)
@@ -134,12 +133,12 @@ class Plugins:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        want = len(self.running)
+        want = self.baseline + len(self.running)
         deadline = time.monotonic() + timeout
-        while runtime_side_connections(self.socket) > want:
+        while (held := accepted_connections(self.socket)) > want:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"runtime still holds {runtime_side_connections(self.socket)}"
-                                   f" NRI connections, expected {want}")
+                raise RuntimeError(f"runtime still holds {held} NRI connections, expected "
+                                   f"{want}")
             time.sleep(0.005)
 
     def stop_all(self) -> None:
@@ -172,7 +171,7 @@ class Bench:
         """CreateContainer (timed) then RemoveContainer (untimed): milliseconds and the
         BENCH_NRI_ indices the container got."""
         self.n += 1
-        cfg = container_config(self.target.busybox, f"c{self.n}", command=["sleep", "3600"])
+        cfg = container_config(self.target.image, f"c{self.n}", ["sleep", "3600"])
         pods = self.target.pods
         ms, cid = timed(lambda: pods.create(self.sid, cfg, self.pod))
         try:
@@ -214,14 +213,17 @@ def run(target: Target, phases: list[int], rounds: int, seed: int = 0,
         warmup: int = 1) -> Section:
     """Each round measures every phase once, in a shuffled order, so drift cancels out."""
     sec = Section("nri")
-    phases = sorted(set([0, *phases]))
+    phases = sorted({0, *phases})
     if target.nri_socket is None:
         sec.skipped = "no NRI socket for this runtime (give --nri-socket PATH)"
         return sec
+    if len(phases) < 2:
+        sec.skipped = "no plugin count but 0 asked (--nri-plugins)"
+        return sec
     samples: dict[int, list[float]] = {n: [] for n in phases}
     rng = random.Random(seed)
-    plugins = Plugins(target.nri_socket, target.base)
     pod = pod_config("bench-nri-" + secrets.token_hex(4))
+    plugins = Plugins(target.nri_socket, target.base, pod.metadata.uid)
     sid = target.pods.run(pod)
     try:
         bench = Bench(target, plugins, sid, pod)
@@ -233,16 +235,18 @@ def run(target: Target, phases: list[int], rounds: int, seed: int = 0,
         print(file=sys.stderr)
     finally:
         plugins.stop_all()
-        remove_pod(target.pods, sid)
+        target.pods.discard(sid)
     sec.floor(phase_name(0), samples[0])
     for n in phases[1:]:
         sec.figure(phase_name(n), samples[n], floor=phase_name(0))
     sec.extra.update(rounds=rounds, seed=seed, plugins=phases, socket=target.nri_socket)
+    sec.notes.append("the plugins are pycrid.nri SDK processes subscribed to CreateContainer, "
+                     "each adding one variable to the containers of the benchmark's pod only")
     return sec
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["plugin"]:
-        sys.exit("usage: python -m bench.nri plugin --idx NN --socket PATH --ready FILE "
-                 "(the benchmark itself is python -m bench)")
+        sys.exit("usage: python -m pycrid.bench.nri plugin --idx NN --socket PATH --ready FILE "
+                 "--pod-uid UID (the benchmark itself is `pycrid bench`)")
     sys.exit(plugin_main(sys.argv[2:]))

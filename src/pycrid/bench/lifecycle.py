@@ -1,16 +1,16 @@
 """Pod and container lifecycle latency over CRI, beside plain ``runc create`` + ``runc start``
-of an equivalent busybox bundle timed in the same loop."""
+of an equivalent bundle (``floor.py``) timed in the same loop."""
 
 from __future__ import annotations
 
 import secrets
 import sys
 
-from cri_api.v1 import api_pb2 as pb
-from tests.support.pods import container_config, pod_config
-
-from bench.common import Runc, Target, make_bundle, timed
-from bench.report import Section
+from pycrid.bench.cri import container_config, pod_config
+from pycrid.bench.floor import Runc
+from pycrid.bench.report import Section
+from pycrid.bench.stats import timed
+from pycrid.bench.target import Target
 
 POD_START = "pod start (Run+Create+Start)"
 CREATE_START = "CreateContainer+StartContainer"
@@ -29,6 +29,7 @@ FIGURES = {
     "RemovePodSandbox": None,
 }
 FLOORS = (RUNC_CS, "runc create", "runc start")
+SLEEP = ["sleep", "3600"]
 
 
 def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None) -> None:
@@ -38,7 +39,7 @@ def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None
     pods = target.pods
     pod = pod_config("bench-" + secrets.token_hex(4))
     got["RunPodSandbox"], sid = timed(lambda: pods.run(pod))
-    cfg = container_config(target.busybox, "sleeper", command=["sleep", "3600"])
+    cfg = container_config(target.image, "sleeper", SLEEP)
     got["CreateContainer"], cid = timed(lambda: pods.create(sid, cfg, pod))
     got["StartContainer"], _ = timed(lambda: pods.start(cid))
     got["StopContainer"], _ = timed(lambda: pods.stop(cid, timeout=0))
@@ -46,15 +47,13 @@ def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None
     got["StopPodSandbox"], _ = timed(lambda: pods.stop_pod(sid))
     got["RemovePodSandbox"], _ = timed(lambda: pods.remove_pod(sid))
 
-    host_pod = pod_config("bench-host-" + secrets.token_hex(4), linux=pb.LinuxPodSandboxConfig(
-        security_context=pb.LinuxSandboxSecurityContext(
-            namespace_options=pb.NamespaceOption(network=pb.NODE))))
+    host_pod = pod_config("bench-host-" + secrets.token_hex(4), host_network=True)
     got["RunPodSandbox hostNetwork"], hid = timed(lambda: pods.run(host_pod))
     pods.stop_pod(hid)
     pods.remove_pod(hid)
 
     rid = "bench-" + secrets.token_hex(6)
-    runc.config_for(rid)  # untimed, like writing a bundle is outside runc's clock
+    runc.config_for(rid)
     got["runc create"], _ = timed(lambda: runc.create(rid))
     got["runc start"], _ = timed(lambda: runc.start(rid))
     runc.delete(rid)  # untimed: runc 1.1 polls the killed init every 100 ms
@@ -68,13 +67,12 @@ def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None
             samples.setdefault(name, []).append(ms)
 
 
-def run(target: Target, iterations: int, warmup: int = 1) -> Section:
+def run(target: Target, runc_binary: str, iterations: int, warmup: int = 1) -> Section:
     sec = Section("lifecycle")
-    runc = Runc(root=target.base / "runc", bundle=target.base / "bundle")
+    runc = Runc.of_run(target.base, runc_binary)
     samples: dict[str, list[float]] = {}
     try:
-        make_bundle(runc.bundle)
-        runc.root.mkdir()
+        runc.prepare(SLEEP)
         for _ in range(warmup):
             one_round(target, runc, None)
         for i in range(iterations):
@@ -87,7 +85,9 @@ def run(target: Target, iterations: int, warmup: int = 1) -> Section:
         sec.floor(name, samples[name])
     for name, floor in FIGURES.items():
         sec.figure(name, samples[name], floor=floor)
-    sec.notes.append("StopContainer of `sleep 3600` with timeout 0; the runc floor is an "
-                     "equivalent busybox bundle from pycrid's base spec, no conmon, no CNI")
+    sec.notes.append("StopContainer of `sleep 3600` with timeout 0; the runc floor: pycrid's "
+                     "base spec, no conmon, no CNI, root = an empty read-only directory with "
+                     "the host's /usr bind-mounted read-only by runc, running the host's "
+                     "`sleep 3600`")
     sec.extra["iterations"] = iterations
     return sec

@@ -1,5 +1,6 @@
-"""Memory of the runtime: its RSS and PSS idle and with N running pods, and the total of
-the per-container monitor processes (conmon, or containerd-shim*) those pods brought."""
+"""Memory of the runtime: its RSS and PSS before the run's pods and with N running pods,
+and the total of the per-container monitor processes (conmon, or containerd-shim*) those
+pods brought."""
 
 from __future__ import annotations
 
@@ -11,17 +12,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.pods import Pods, container_config, pod_config
-
-from bench.common import Target, memory_kib, monitor_pids, remove_pod
-from bench.report import Section
+from pycrid.bench.cri import Pods, container_config, pod_config
+from pycrid.bench.procs import memory_kib, monitor_pids
+from pycrid.bench.report import Section
+from pycrid.bench.target import Target
 
 WORKERS = 4  # CRI calls in flight while building up pods and containers
 
 
 @dataclass
 class Idle:
-    """The runtime's memory right after it answered, before any pod, and the monitor
+    """The runtime's memory before this run pulled an image or ran a pod, and the monitor
     processes that already existed then (not ours)."""
 
     rss_kib: int
@@ -46,7 +47,7 @@ class Fleet:
     def build(self, n: int) -> float:
         """Seconds to run ``n`` pods, each with its sleeper started."""
         tag = secrets.token_hex(3)
-        cfg = container_config(self.target.busybox, "sleeper", command=["sleep", "3600"])
+        cfg = container_config(self.target.image, "sleeper", ["sleep", "3600"])
 
         def one(i: int) -> None:
             pod = pod_config(f"bench-rss-{tag}-{i:04d}")
@@ -63,7 +64,7 @@ class Fleet:
 
     def remove(self) -> None:
         with ThreadPoolExecutor(WORKERS) as pool:
-            list(pool.map(lambda p: remove_pod(self.target.pods, p[0]), list(self.pods)))
+            list(pool.map(lambda p: self.target.pods.discard(p[0]), list(self.pods)))
         self.pods.clear()
 
 
@@ -72,7 +73,8 @@ def run(target: Target, idle: Idle | None, fleet: Fleet, n_pods: int,
     sec = Section("rss")
     pid = target.daemon_pid
     if idle is None or pid is None:
-        sec.skipped = "no daemon pid (give --daemon-pid PID)"
+        sec.skipped = ("no daemon pid: nobody in this pid namespace listens on the socket "
+                       "(give --daemon-pid PID)")
         return sec
     time.sleep(1.0)  # let the runtime's allocator settle after the build-up
     rss, pss = memory_kib(pid)
@@ -94,10 +96,11 @@ def run(target: Target, idle: Idle | None, fleet: Fleet, n_pods: int,
         sec.figure("monitor PSS total", [mon_pss], unit="KiB")
         sec.figure("monitor RSS per pod", [mon_rss / n_pods], unit="KiB")
         sec.figure("monitor PSS per pod", [mon_pss / n_pods], unit="KiB")
-    sec.notes.append(f"daemon pid {pid}; idle = right after it answered CRI, before any pod "
-                     f"or image pull; each pod runs one `sleep 3600` busybox container; "
-                     f"monitors = conmon/containerd-shim* processes that appeared since idle; "
-                     f"{n_pods} pods built in {buildup_s:.1f} s")
+    sec.notes.append(f"daemon pid {pid}; idle = before this run pulled an image or ran a pod "
+                     f"(the node's own pods, if any, included); each pod runs one "
+                     f"`sleep 3600` container; monitors = conmon/containerd-shim* processes "
+                     f"naming this run's pods or containers; {n_pods} pods built in "
+                     f"{buildup_s:.1f} s")
     sec.extra.update(pods=n_pods, daemon_pid=pid, buildup_seconds=round(buildup_s, 2),
                      monitor_pids=mons)
     return sec
