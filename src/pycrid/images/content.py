@@ -64,6 +64,10 @@ class Ingested(Generic[T]):
     result: T
 
 
+#: Bytes of a download between two nudges to the kernel to write it out.
+_WRITEBACK = 4 << 20
+
+
 class _Stopped(Exception):
     """Internal: the consumer was asked to stop (its caller was cancelled)."""
 
@@ -282,6 +286,7 @@ class _Receiving:
         self._digest, self._size = digest, size
         self._hash = hashlib.sha256()
         self._got = 0
+        self._flushed = 0
         self._chunk = b""
         self._pos = 0
         self._eof = False
@@ -300,6 +305,12 @@ class _Receiving:
                            "bytes the manifest declares")
         self._hash.update(chunk)
         self._out.write(chunk)
+        if self._got - self._flushed >= _WRITEBACK:
+            # Start writing the blob out now (and drop what is written from the page
+            # cache), so the fsync before the commit waits for little.
+            self._out.flush()
+            os.posix_fadvise(self._out.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            self._flushed = self._got
         self._chunk, self._pos = chunk, 0
         return True
 

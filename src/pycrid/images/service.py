@@ -36,11 +36,11 @@ from pycrid.faults import failpoint
 from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
-from pycrid.images.oci import INDEX_TYPES, Descriptor, Platform, host_platform
+from pycrid.images.oci import INDEX_TYPES, Descriptor, Platform, host_platform, verify_bytes
 from pycrid.images.reference import Reference, parse_reference
 from pycrid.images.registry import RegistryClient
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
-from pycrid.images.threads import run_settled
+from pycrid.images.threads import run_settled, settle
 from pycrid.images.unpack import (
     Extracted,
     check_layer_type,
@@ -277,9 +277,11 @@ class ImageService:
 
     async def _blob(
         self, ref: Reference, desc: Descriptor, creds: Credentials | None, what: str,
-        limit: int = 4 << 20,
+        writes: list[asyncio.Future[None]], limit: int = 4 << 20,
     ) -> bytes:
-        """A small blob (manifest, index, config): from the store, else fetched and stored."""
+        """A small blob (manifest, index, config): from the store, else fetched, verified,
+        and stored by a thread (its fsync need not hold up the layers), which the caller
+        awaits through ``writes`` before it records the image."""
         if desc.size > limit:
             raise DataLoss(f"{what} {desc.digest} of {ref} is {desc.size} bytes; limit {limit}")
         if self.content.exists(desc.digest):
@@ -295,20 +297,35 @@ class ImageService:
             data = await self.client.fetch_manifest(ref, desc, creds)
         if self.metrics is not None:
             self.metrics.pull_bytes(len(data))
-        self.content.write(desc.digest, data)
+        verify_bytes(data, desc.digest, f"{what} of image {ref}")
+        writes.append(asyncio.get_running_loop().run_in_executor(
+            None, self.content.write, desc.digest, data))
         return data
 
     async def _fetch_and_unpack(
         self, ref: Reference, target: Descriptor, creds: Credentials | None
     ) -> ImageRecord:
+        writes: list[asyncio.Future[None]] = []
+        try:
+            rec = await self._fetch_all(ref, target, creds, writes)
+        finally:
+            await settle(*writes)
+        for w in writes:
+            w.result()  # the manifest and config are stored before the image is recorded
+        return rec
+
+    async def _fetch_all(
+        self, ref: Reference, target: Descriptor, creds: Credentials | None,
+        writes: list[asyncio.Future[None]],
+    ) -> ImageRecord:
         desc = target
-        data = await self._blob(ref, desc, creds, "manifest")
+        data = await self._blob(ref, desc, creds, "manifest", writes)
         media_type = mf.detect_media_type(data, desc.media_type)
         if media_type in INDEX_TYPES:
             desc = mf.select_platform(mf.parse_index(data), self.platform, str(ref))
-            data = await self._blob(ref, desc, creds, "manifest")
+            data = await self._blob(ref, desc, creds, "manifest", writes)
         manifest = mf.parse_manifest(data)
-        config_bytes = await self._blob(ref, manifest.config, creds, "config")
+        config_bytes = await self._blob(ref, manifest.config, creds, "config", writes)
         config = mf.parse_image_config(config_bytes)
         if len(config.diff_ids) != len(manifest.layers):
             raise DataLoss(

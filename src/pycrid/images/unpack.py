@@ -257,7 +257,7 @@ class Applied:
     implicit: frozenset[str]
 
 
-def apply_tar(root: str, tar_stream: IO[bytes] | _HashingReader, *,
+def apply_tar(root: str, tar_stream: IO[bytes] | _TarSource, *,
               allow_device_nodes: bool = False, has_lower: bool = False,
               lowers: Sequence[str] = ()) -> Applied:
     """Apply the uncompressed tar ``tar_stream`` onto directory ``root``, the layer's own
@@ -265,16 +265,16 @@ def apply_tar(root: str, tar_stream: IO[bytes] | _HashingReader, *,
     whiteouts rather than only removing what this layer wrote); ``lowers``: their
     directories, top first, when they are committed already."""
     res = _Resolver(root, has_lower=has_lower, lowers=lowers)
+    src = tar_stream if isinstance(tar_stream, _TarSource) else _TarSource(tar_stream)
     written = 0
     dir_times: list[tuple[str, float]] = []
     try:
-        tf = tarfile.open(fileobj=cast(IO[bytes], tar_stream), mode="r|", errorlevel=2,
-                          bufsize=_CHUNK)
+        tf = tarfile.open(fileobj=cast(IO[bytes], src), mode="r:", errorlevel=2)
     except _OPEN_ERRORS as e:
         raise DataLoss(f"layer is not a readable tar archive: {e}") from None
     try:
         for info in tf:
-            written += _apply_entry(res, tf, info, allow_device_nodes, dir_times)
+            written += _apply_entry(res, tf, src, info, allow_device_nodes, dir_times)
     except _TAR_ERRORS as e:
         raise DataLoss(f"layer archive is corrupt or truncated: {e}") from None
     for path, mtime in reversed(dir_times):
@@ -283,7 +283,7 @@ def apply_tar(root: str, tar_stream: IO[bytes] | _HashingReader, *,
     return Applied(written, frozenset(res.implicit))
 
 
-def _apply_entry(res: _Resolver, tf: tarfile.TarFile, info: tarfile.TarInfo,
+def _apply_entry(res: _Resolver, tf: tarfile.TarFile, src: _TarSource, info: tarfile.TarInfo,
                  allow_device_nodes: bool, dir_times: list[tuple[str, float]]) -> int:
     rel = _clean(info.name)
     if rel == "":
@@ -336,11 +336,7 @@ def _apply_entry(res: _Resolver, tf: tarfile.TarFile, info: tarfile.TarInfo,
         if info.isreg():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:
-                src = tf.extractfile(info)
-                assert src is not None
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-                    written += len(chunk)
+                written = _copy_data(tf, src, info, out, what)
         elif info.issym():
             os.symlink(info.linkname, path)
         elif info.isfifo():
@@ -384,17 +380,76 @@ def _apply_whiteout(res: _Resolver, rel_dir: str, base: str, what: str) -> None:
     _make_whiteout(path)
 
 
-class _HashingReader:
-    """Reads through to ``inner`` and hashes what passes: the layer's diff id."""
+def _copy_data(tf: tarfile.TarFile, src: _TarSource, info: tarfile.TarInfo, out: IO[bytes],
+               what: str) -> int:
+    """A regular member's data into ``out``: straight from the stream (it starts where the
+    header ended), or through tarfile for a sparse one, which needs its map."""
+    if info.issparse():
+        data = tf.extractfile(info)
+        assert data is not None
+        shutil.copyfileobj(data, out, _CHUNK)
+        return info.size
+    left = info.size
+    while left:
+        chunk = src.read(min(left, _CHUNK))
+        if not chunk:
+            raise DataLoss(f"{what}: the archive ends inside the file's data")
+        out.write(chunk)
+        left -= len(chunk)
+    return info.size
+
+
+class _TarSource:
+    """The uncompressed layer as tarfile reads it: in order, hashed as it passes (the diff
+    id). tarfile parses the headers in its random-access mode, which only ever seeks
+    forward over a stream read in order, or back into the bytes just read (to check that
+    a member's data is all there); file data is copied straight from here, without the
+    copies its stream mode makes."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.hash = hashlib.sha256()
+        self._pos = 0
+        self._recent = b""  # the last bytes read, for a step back
+        self._again = b""  # stepped back over: read again before anything new
+
+    def tell(self) -> int:
+        return self._pos
 
     def read(self, n: int = -1) -> bytes:
-        data: bytes = self._inner.read(n)
-        self.hash.update(data)
-        return data
+        if n is None or n < 0:
+            return b"".join(iter(lambda: self.read(_CHUNK), b""))
+        parts = []
+        if self._again:
+            parts.append(self._again[:n])
+            self._again = self._again[n:]
+        want = n - len(parts[0]) if parts else n
+        while want > 0:  # whole reads: tarfile takes a short header block for the end
+            data: bytes = self._inner.read(want)
+            if not data:
+                break
+            self.hash.update(data)
+            parts.append(data)
+            want -= len(data)
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._pos += len(out)
+        self._recent = (self._recent + out)[-tarfile.BLOCKSIZE:] if len(out) < \
+            tarfile.BLOCKSIZE else out[-tarfile.BLOCKSIZE:]
+        return out
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        if whence != os.SEEK_SET:
+            raise OSError("a layer stream seeks to absolute positions only")
+        if pos < self._pos:
+            back = self._pos - pos
+            if back > len(self._recent):
+                raise OSError(f"a layer stream cannot go back {back} bytes")
+            self._again = self._recent[len(self._recent) - back:] + self._again
+            self._recent = self._recent[:len(self._recent) - back]
+            self._pos = pos
+        while self._pos < pos and self.read(min(pos - self._pos, _CHUNK)):
+            pass
+        return self._pos
 
     def drain(self) -> None:
         while self.read(_CHUNK):
@@ -443,7 +498,7 @@ def extract(raw: BlobReader, root: str, *, name: str, has_lower: bool,
     """Decompress and apply one layer blob (read as it downloads) onto its own directory
     ``root``; runs in a worker thread. ``name`` (the blob digest) is for messages."""
     try:
-        reader = _HashingReader(_decompressed(raw))
+        reader = _TarSource(_decompressed(raw))
         applied = apply_tar(root, reader, allow_device_nodes=allow_device_nodes,
                             has_lower=has_lower, lowers=lowers)
         reader.drain()  # tar padding after the end marker counts for the diff id
