@@ -103,20 +103,20 @@ class ChunkPipe:
     # ---- the worker thread's side -------------------------------------------------------
 
     def read(self) -> bytes:
-        """The next chunk; b"" at the end. Raises PipeBroken after ``fail``."""
+        """Everything buffered, as one piece (a reader that fell behind catches up in few
+        large steps, each one hash update and one write); b"" at the end. Raises
+        PipeBroken after ``fail``."""
         with self._cond:
             while not self._chunks and not self._eof:
                 self._cond.wait()
             if self._failed is not None:
                 raise PipeBroken(str(self._failed) or type(self._failed).__name__)
-            if not self._chunks:
-                return b""
-            chunk = self._chunks.popleft()
-            self._buffered -= len(chunk)
-            if self._writer_waits and self._buffered < self._limit:
+            chunks, self._chunks = self._chunks, collections.deque()
+            self._buffered = 0
+            if self._writer_waits:
                 self._writer_waits = False
                 self._loop.call_soon_threadsafe(self._space.set)
-            return chunk
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def stop(self) -> None:
         """The reader is done (finished or failed): wake and refuse the writer."""
