@@ -192,7 +192,10 @@ class RegistryClient:
         want = desc.size - offset
         got = 0
         try:
-            async for chunk in resp.content.iter_chunked(_CHUNK):
+            # Chunks as received, not joined: the unpack thread joins what it takes.
+            async for chunk, _ in resp.content.iter_chunks():
+                if not chunk:
+                    continue  # the end of a chunked-encoding chunk
                 if skip:
                     cut = min(skip, len(chunk))
                     chunk, skip = chunk[cut:], skip - cut
