@@ -1,5 +1,6 @@
 """PullImage of a multi-layer image of incompressible data from the local registry, beside a
-plain HTTP download of the same manifest, config and layer blobs in the same round."""
+plain HTTP download of the same manifest, config and layer blobs in the same round; once
+with gzip layers and once with zstd layers of the same tars."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import contextlib
 import http.client
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.images import OCI_MANIFEST, big_layer, build_image, push
+from tests.support.images import OCI_MANIFEST, ImageBuild, big_layer, build_image, push
 
 from bench.common import Target, timed
 from bench.report import Section
@@ -19,6 +22,8 @@ REPO = "bench/pull"
 CONCURRENCY = 3  # pycrid's default max_concurrent_downloads
 MIB = 1 << 20
 CHUNK = 1 << 20
+#: compression -> tag; gzip first, so its figures keep the names they always had.
+VARIANTS = {"gzip": "latest", "zstd": "zstd"}
 
 
 def layer_sizes(total_mb: int, layers: int) -> list[int]:
@@ -46,9 +51,9 @@ def fetch(port: int, path: str, accept: str = "") -> int:
         conn.close()
 
 
-def http_download(port: int, config: str, layers: list[str]) -> int:
+def http_download(port: int, tag: str, config: str, layers: list[str]) -> int:
     """Manifest, then config and layers ``CONCURRENCY`` at a time; total bytes."""
-    total = fetch(port, f"/v2/{REPO}/manifests/latest", OCI_MANIFEST)
+    total = fetch(port, f"/v2/{REPO}/manifests/{tag}", OCI_MANIFEST)
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         total += sum(pool.map(lambda d: fetch(port, f"/v2/{REPO}/blobs/{d}"),
                               [config, *layers]))
@@ -63,62 +68,94 @@ def blob_gets(target: Target, layers: list[str], since: int) -> int:
     return sum(text.count(f'"GET /v2/{REPO}/blobs/{d}') for d in layers)
 
 
+@dataclass
+class Variant:
+    """One compression of the bench image and its timings."""
+
+    compression: str
+    tag: str
+    build: ImageBuild
+    ref: str
+    pull_ms: list[float] = field(default_factory=list)
+    http_ms: list[float] = field(default_factory=list)
+    missing_downloads: int = 0
+
+    @property
+    def bytes(self) -> int:
+        b = self.build
+        return sum(len(b.blobs[d]) for d in b.layer_digests) + len(b.config) + len(b.manifest)
+
+    def pull(self, target: Target) -> None:
+        offset = target.registry.log_path.stat().st_size
+        ms, _ = timed(lambda: target.client.pull(self.ref, timeout=600))
+        self.pull_ms.append(ms)
+        time.sleep(0.05)  # the registry writes its access log line after the body
+        layers = list(self.build.layer_digests)
+        if blob_gets(target, layers, offset) < len(layers):
+            self.missing_downloads += 1
+        target.client.remove(self.ref)  # untimed: the next round downloads again
+
+    def download(self, target: Target) -> None:
+        ms, got = timed(lambda: http_download(target.registry.port, self.tag,
+                                              self.build.config_digest,
+                                              list(self.build.layer_digests)))
+        if got != self.bytes:
+            raise RuntimeError(f"HTTP download got {got} bytes, expected {self.bytes}")
+        self.http_ms.append(ms)
+
+
 def run(target: Target, total_mb: int, n_layers: int, rounds: int) -> Section:
     sec = Section("pull")
     sizes = layer_sizes(total_mb, n_layers)
-    print(f"building a {total_mb} MiB image of {n_layers} layers ...", file=sys.stderr)
-    build = build_image([big_layer(mb, name=f"layer{i}.bin", seed=1000 + i)
-                         for i, mb in enumerate(sizes)], compression="gzip")
-    push(target.registry, REPO, "latest", build)
-    ref = f"{target.registry.host}/{REPO}:latest"
-    blob_bytes = sum(len(build.blobs[d]) for d in build.layer_digests)
-    image_bytes = blob_bytes + len(build.config) + len(build.manifest)
-    mb = image_bytes / MIB
-    pull_ms: list[float] = []
-    http_ms: list[float] = []
-    missing_downloads = 0
+    print(f"building a {total_mb} MiB image of {n_layers} layers, "
+          f"{' and '.join(VARIANTS)} ...", file=sys.stderr)
+    tars = [big_layer(mb, name=f"layer{i}.bin", seed=1000 + i) for i, mb in enumerate(sizes)]
+    variants: list[Variant] = []
+    for compression, tag in VARIANTS.items():
+        build = build_image(tars, compression=compression)
+        push(target.registry, REPO, tag, build)
+        variants.append(Variant(compression, tag, build, f"{target.registry.host}/{REPO}:{tag}"))
+    del tars
     try:
         for i in range(rounds):
-            def pull() -> None:
-                offset = target.registry.log_path.stat().st_size
-                ms, _ = timed(lambda: target.client.pull(ref, timeout=600))
-                pull_ms.append(ms)
-                nonlocal missing_downloads
-                time.sleep(0.05)  # the registry writes its access log line after the body
-                if blob_gets(target, list(build.layer_digests), offset) < n_layers:
-                    missing_downloads += 1
-                target.client.remove(ref)  # untimed: the next round downloads again
-
-            def download() -> None:
-                ms, got = timed(lambda: http_download(target.registry.port, build.config_digest,
-                                                      list(build.layer_digests)))
-                if got != image_bytes:
-                    raise RuntimeError(f"HTTP download got {got} bytes, expected {image_bytes}")
-                http_ms.append(ms)
-
-            for step in ((pull, download) if i % 2 == 0 else (download, pull)):
+            # Alternate which goes first, pull or floor, and which compression.
+            steps: list[Callable[[], None]] = []
+            for v in variants if i % 2 == 0 else reversed(variants):
+                pair = [lambda v=v: v.pull(target), lambda v=v: v.download(target)]
+                steps += pair if i % 2 == 0 else pair[::-1]
+            for step in steps:
                 step()
             print(f"\rpull {i + 1}/{rounds}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
     finally:
-        left = [img for img in target.client.list() if ref in img.repo_tags]
-        for img in left:
-            with contextlib.suppress(Exception):
-                target.client.remove(img.id)
-    sec.floor("HTTP download", http_ms)
-    sec.floor("HTTP download throughput", [mb / (ms / 1000) for ms in http_ms], unit="MB/s")
-    sec.figure(f"PullImage ({total_mb} MiB, {n_layers} layers)", pull_ms, floor="HTTP download")
-    sec.figure("PullImage throughput", [mb / (ms / 1000) for ms in pull_ms], unit="MB/s",
-               floor="HTTP download throughput")
-    if missing_downloads:
-        sec.notes.append(f"{missing_downloads} of {rounds} pulls did not fetch every layer "
-                         "from the registry (content kept after RemoveImage?)")
-    sec.notes.append(f"image {image_bytes / MIB:.1f} MiB (gzip of random data); MB/s is MiB "
-                     f"per second; the HTTP floor fetches {CONCURRENCY} blobs at a time "
-                     "and keeps nothing")
-    extra: dict[str, Any] = {"image": {"ref": ref, "digest": build.manifest_digest,
-                                       "layers": n_layers, "layer_mib": sizes,
-                                       "bytes": image_bytes}, "rounds": rounds,
-                             "concurrency": CONCURRENCY}
-    sec.extra.update(extra)
+        refs = {v.ref for v in variants}
+        for img in target.client.list():
+            if refs & set(img.repo_tags):
+                with contextlib.suppress(Exception):
+                    target.client.remove(img.id)
+    for v in variants:
+        mb = v.bytes / MIB
+        suffix = "" if v.compression == "gzip" else f" {v.compression}"
+        floor = f"HTTP download{suffix}"
+        sec.floor(floor, v.http_ms)
+        sec.floor(f"{floor} throughput", [mb / (ms / 1000) for ms in v.http_ms], unit="MB/s")
+        sec.figure(f"PullImage{suffix} ({total_mb} MiB, {n_layers} layers)", v.pull_ms,
+                   floor=floor)
+        sec.figure(f"PullImage{suffix} throughput", [mb / (ms / 1000) for ms in v.pull_ms],
+                   unit="MB/s", floor=f"{floor} throughput")
+        if v.missing_downloads:
+            sec.notes.append(f"{v.compression}: {v.missing_downloads} of {rounds} pulls did "
+                             "not fetch every layer from the registry (content kept after "
+                             "RemoveImage?)")
+    gz = variants[0]
+    sec.notes.append(f"image {gz.bytes / MIB:.1f} MiB (gzip of random data; the zstd variant "
+                     "has the same layer tars); MB/s is MiB per second; the HTTP floor fetches "
+                     f"{CONCURRENCY} blobs at a time and keeps nothing")
+
+    def image(v: Variant) -> dict[str, Any]:
+        return {"ref": v.ref, "digest": v.build.manifest_digest, "layers": n_layers,
+                "layer_mib": sizes, "bytes": v.bytes, "compression": v.compression}
+
+    sec.extra.update({"image": image(gz), "images": [image(v) for v in variants],
+                      "rounds": rounds, "concurrency": CONCURRENCY})
     return sec

@@ -104,7 +104,6 @@ async def _init_images(ctx: InitContext) -> Any:
         snapshotter=ctx.get_by_id(SNAPSHOTTER, config.snapshotter),
         client=client,
         config=config,
-        mount_dir=os.path.join(ctx.properties["state"], "mounts", "unpack"),
     )
 
 

@@ -19,14 +19,17 @@ from cri_api.v1 import api_pb2 as pb
 from tests.support.badregistry import BadRegistry
 from tests.support.daemon import Daemon, mounts_under, running_daemon
 from tests.support.images import (
+    LAYERED_EXPECTED,
     ImageBuild,
     TestImages,
     big_layer,
     build_image,
     busybox_rootfs_tar,
+    layered_layers,
     push,
 )
 from tests.support.layers import Entry, tar_bytes
+from tests.support.pods import Pods, busybox_daemon, container_config, pod_config
 from tests.support.registry import LocalRegistry
 
 pytestmark = pytest.mark.e2e
@@ -225,6 +228,39 @@ def test_tls_with_client_certs_basic_and_token_auth(
     daemon.client.remove(img.ref(registry_token))
     auth = pb.AuthConfig(auth=base64.b64encode(b"alice:wonderland").decode())
     assert daemon.client.pull(img.ref(registry_token), auth) == img.build.config_digest
+
+
+def test_layered_images_run_from_gzip_and_zstd_layers(tmp_path: Path, registry: LocalRegistry,
+                                                      test_images: TestImages) -> None:
+    """The same three layers (a whiteout, an opaque dir, files written through a symlinked
+    dir of a lower layer), compressed with gzip and with zstd (containerd pulls both):
+    a container of each sees exactly the assembled tree."""
+    shell = {"Env": ["PATH=/bin"], "Cmd": ["sleep", "3600"]}
+    with busybox_daemon(tmp_path, registry, test_images) as d:
+        pods = Pods(d.client)
+        try:
+            for compression in ("gzip", "zstd"):
+                build = build_image(layered_layers(), compression=compression, config=shell)
+                push(registry, f"layered-{compression}", "latest", build)
+                ref = f"{registry.host}/layered-{compression}:latest"
+                assert d.client.pull(ref) == build.config_digest
+                pod = pod_config()
+                sid = pods.run(pod)
+                cid = pods.run_container(sid, container_config(ref, compression), pod)
+                pods.wait_state(cid, pb.CONTAINER_RUNNING)
+                for rel, want in LAYERED_EXPECTED.items():
+                    if want is None:
+                        r = pods.exec(cid, ["sh", "-c", f"test ! -e /{rel} && test ! -L /{rel}"])
+                        assert r.exit_code == 0, (compression, rel)
+                    elif isinstance(want, str):
+                        r = pods.exec(cid, ["readlink", f"/{rel}"])
+                        assert r.stdout.decode().strip() == want[2:], (compression, rel)
+                    else:
+                        assert pods.exec(cid, ["cat", f"/{rel}"]).stdout == want, (compression, rel)
+                pods.remove_pod(sid)
+                d.client.remove(ref)
+        finally:
+            pods.cleanup()
 
 
 def test_concurrent_pulls_share_a_layer_download(daemon: Daemon, registry: LocalRegistry) -> None:

@@ -177,3 +177,35 @@ def test_walk_by_key_prefix(sn: OverlaySnapshotter) -> None:
     assert len(sn.walk(prefix="image-volume/")) == 5
     assert len(sn.walk()) == 6
     assert sn.walk(prefix="nothing") == []
+
+
+def test_commit_on_a_parent_chosen_at_commit(sn: OverlaySnapshotter) -> None:
+    """Layers unpacked side by side: each prepared with no parent, committed on top of the
+    chain below once that is committed; the stack mounts as if prepared on it."""
+    committed(sn, "base", None, {"a": b"1"})
+    sn.prepare("layer-2", None)
+    (fs_of(sn, "layer-2") / "b").write_bytes(b"2")
+    sn.prepare("layer-3", None)
+    (fs_of(sn, "layer-3") / "c").write_bytes(b"3")
+    with pytest.raises(FailedPrecondition, match="not committed"):
+        sn.commit("top", "layer-3", parent="layer-2")
+    sn.commit("mid", "layer-2", parent="base")
+    sn.commit("top", "layer-3", parent="mid")
+    assert [sn.stat(k).parent for k in ("base", "mid", "top")] == [None, "base", "mid"]
+    sn.prepare("on-base", "base")
+    with pytest.raises(FailedPrecondition, match="already has parent"):
+        sn.commit("other", "on-base", parent="mid")
+    with pytest.raises(AlreadyExists):
+        sn.prepare("again", None)
+        sn.commit("top", "again", parent="mid")
+    assert sn.stat("again").kind is Kind.ACTIVE  # a refused commit changes nothing
+    sn.view("v", "top")
+    target = Path(sn.root) / "mnt"
+    target.mkdir()
+    mnt.mount(sn.mounts("v")[0], str(target))
+    try:
+        assert sorted(p.name for p in target.iterdir()) == ["a", "b", "c"]
+    finally:
+        mnt.unmount(str(target))
+    with pytest.raises(FailedPrecondition):
+        sn.remove("mid")  # it has a child now

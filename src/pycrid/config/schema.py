@@ -129,7 +129,8 @@ class ImagesConfig:
                            one_of("overlayfs"))
     sandbox_image: str = cfg("registry.k8s.io/pause:3.10",
                              "Image of the pod sandbox (pause) container; always pinned.")
-    max_concurrent_downloads: int = cfg(3, "Layers downloaded at once, per pull.", at_least(1))
+    max_concurrent_downloads: int = cfg(
+        3, "Layers downloaded at once, per pull (each unpacked as it downloads).", at_least(1))
     image_pull_progress_timeout: Duration = cfg(
         Duration(300), "A pull with no bytes received for this long is cancelled (0: never).")
     allow_device_nodes: bool = cfg(

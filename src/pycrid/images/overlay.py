@@ -142,19 +142,28 @@ class OverlaySnapshotter(Snapshotter):
     def upper_dir(self, key: str) -> str:
         return self._path(int(self._row(key)["id"]), "fs")
 
-    def commit(self, name: str, key: str, labels: dict[str, str] | None = None) -> None:
+    def commit(self, name: str, key: str, labels: dict[str, str] | None = None, *,
+               parent: str | None = None) -> None:
         with self._lock:
             row = self._row(key)
             if row["kind"] != Kind.ACTIVE.value:
                 raise FailedPrecondition(f"snapshot {key} is not active")
+            if parent is not None:
+                # A layer's directory never depends on its parent (only mounts do), so
+                # one unpacked on its own can sit on a parent chosen now.
+                if row["parent"] is not None:
+                    raise FailedPrecondition(f"snapshot {key} already has parent "
+                                             f"{row['parent']}")
+                if self._row(parent)["kind"] != Kind.COMMITTED.value:
+                    raise FailedPrecondition(f"parent {parent} of {name} is not committed")
             try:
                 with self._db.transaction() as c:
                     c.execute(
-                        "UPDATE overlay_snapshots SET key = ?, kind = ?, labels = ?"
-                        " WHERE id = ?",
+                        "UPDATE overlay_snapshots SET key = ?, kind = ?, labels = ?,"
+                        " parent = COALESCE(?, parent) WHERE id = ?",
                         (name, Kind.COMMITTED.value,
                          json.dumps(labels if labels is not None else json.loads(row["labels"])),
-                         row["id"]))
+                         parent, row["id"]))
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"snapshot {name} already exists") from None
             shutil.rmtree(self._path(int(row["id"]), "work"), ignore_errors=True)

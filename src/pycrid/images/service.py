@@ -3,9 +3,12 @@
 This is the core of the CRI ImageService; the gRPC edge only translates. A pull
 resolves the reference (one manifest request), stops there when that target is
 already present, and otherwise fetches the manifest (choosing this platform in
-an index), the config and the layers: layers download concurrently (bounded by
-``max_concurrent_downloads``) while they are unpacked in order into snapshots
-keyed by chain id, so images sharing layers share both content and snapshots.
+an index), the config and the layers. Layers download concurrently (bounded by
+``max_concurrent_downloads``), each unpacked while it downloads into a scratch
+snapshot of its own, side by side, in worker threads; each is committed under
+its chain id, on top of its parent, once its blob and diff id are verified and
+the layers below it are committed. So images sharing layers share both content
+and snapshots.
 The garbage collector and pulls never overlap: a collection asked for while
 pulls are in flight (a remove, or a pull that failed) runs when the last of
 them ends, and a pull waits for a running collection to finish. So a blob or
@@ -16,29 +19,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
-import os
+import secrets
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pycrid.config.schema import ImagesConfig
-from pycrid.errors import DataLoss, InvalidArgument, NotFound, PycridError
+from pycrid.errors import AlreadyExists, DataLoss, InvalidArgument, NotFound, PycridError
 from pycrid.faults import failpoint
 from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
-from pycrid.images.oci import INDEX_TYPES, Descriptor, Platform, host_platform
+from pycrid.images.oci import INDEX_TYPES, Descriptor, Platform, host_platform, verify_bytes
 from pycrid.images.reference import Reference, parse_reference
 from pycrid.images.registry import RegistryClient
-from pycrid.images.snapshots import Kind, Snapshotter
-from pycrid.images.unpack import cleanup_mounts, unpack_layer
+from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
+from pycrid.images.threads import run_settled, settle
+from pycrid.images.unpack import (
+    Extracted,
+    check_layer_type,
+    extract,
+    inherit_dirs,
+    needs_lowers,
+)
 from pycrid.store.images import ImageRecord, ImageStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def chain_ids(diff_ids: list[str]) -> list[str]:
@@ -107,7 +121,6 @@ class ImageService:
         snapshotter: Snapshotter,
         client: RegistryClient,
         config: ImagesConfig,
-        mount_dir: str,
         platform: Platform | None = None,
     ) -> None:
         self.store = store
@@ -115,18 +128,20 @@ class ImageService:
         self.snapshotter = snapshotter
         self.client = client
         self.config = config
-        self.mount_dir = mount_dir
         self.platform = platform or host_platform()
         self._sandbox_ref = parse_reference(config.sandbox_image)
         self._pulls = 0
         self._gc_pending = False
         self._no_gc_running = asyncio.Event()
         self._no_gc_running.set()
-        self._chain_locks: dict[str, asyncio.Lock] = {}
         self._gc_lock = asyncio.Lock()
+        # The threads that hash, decompress and untar layers as they download: a pool of
+        # the service's own, so long unpacks never hold up the loop's default executor.
+        # Layers of concurrent pulls beyond its size wait (and so does their download).
+        self._unpackers = ThreadPoolExecutor(
+            max_workers=4 * config.max_concurrent_downloads, thread_name_prefix="unpack")
         #: Set by the daemon: pull counts, bytes and durations.
         self.metrics: PullMetrics | None = None
-        os.makedirs(mount_dir, mode=0o700, exist_ok=True)
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -192,9 +207,8 @@ class ImageService:
     # ---- lifetime ------------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Start-up: drop what a crash left half-done (ingests, unpack mounts, orphans)."""
+        """Start-up: drop what a crash left half-done (ingests, scratch snapshots, orphans)."""
         leftovers = self.content.cleanup()
-        leftovers += await asyncio.to_thread(cleanup_mounts, self.mount_dir)
         leftovers += await asyncio.to_thread(self.snapshotter.cleanup)
         blobs, snaps = await self.gc()
         if leftovers or blobs or snaps:
@@ -203,6 +217,7 @@ class ImageService:
 
     async def close(self) -> None:
         await self.client.close()
+        self._unpackers.shutdown(wait=False, cancel_futures=True)
 
     # ---- pull ----------------------------------------------------------------------------
 
@@ -262,9 +277,11 @@ class ImageService:
 
     async def _blob(
         self, ref: Reference, desc: Descriptor, creds: Credentials | None, what: str,
-        limit: int = 4 << 20,
+        writes: list[asyncio.Future[None]], limit: int = 4 << 20,
     ) -> bytes:
-        """A small blob (manifest, index, config): from the store, else fetched and stored."""
+        """A small blob (manifest, index, config): from the store, else fetched, verified,
+        and stored by a thread (its fsync need not hold up the layers), which the caller
+        awaits through ``writes`` before it records the image."""
         if desc.size > limit:
             raise DataLoss(f"{what} {desc.digest} of {ref} is {desc.size} bytes; limit {limit}")
         if self.content.exists(desc.digest):
@@ -280,26 +297,43 @@ class ImageService:
             data = await self.client.fetch_manifest(ref, desc, creds)
         if self.metrics is not None:
             self.metrics.pull_bytes(len(data))
-        self.content.write(desc.digest, data)
+        verify_bytes(data, desc.digest, f"{what} of image {ref}")
+        writes.append(asyncio.get_running_loop().run_in_executor(
+            None, self.content.write, desc.digest, data))
         return data
 
     async def _fetch_and_unpack(
         self, ref: Reference, target: Descriptor, creds: Credentials | None
     ) -> ImageRecord:
+        writes: list[asyncio.Future[None]] = []
+        try:
+            rec = await self._fetch_all(ref, target, creds, writes)
+        finally:
+            await settle(*writes)
+        for w in writes:
+            w.result()  # the manifest and config are stored before the image is recorded
+        return rec
+
+    async def _fetch_all(
+        self, ref: Reference, target: Descriptor, creds: Credentials | None,
+        writes: list[asyncio.Future[None]],
+    ) -> ImageRecord:
         desc = target
-        data = await self._blob(ref, desc, creds, "manifest")
+        data = await self._blob(ref, desc, creds, "manifest", writes)
         media_type = mf.detect_media_type(data, desc.media_type)
         if media_type in INDEX_TYPES:
             desc = mf.select_platform(mf.parse_index(data), self.platform, str(ref))
-            data = await self._blob(ref, desc, creds, "manifest")
+            data = await self._blob(ref, desc, creds, "manifest", writes)
         manifest = mf.parse_manifest(data)
-        config_bytes = await self._blob(ref, manifest.config, creds, "config")
+        config_bytes = await self._blob(ref, manifest.config, creds, "config", writes)
         config = mf.parse_image_config(config_bytes)
         if len(config.diff_ids) != len(manifest.layers):
             raise DataLoss(
                 f"image {ref}: manifest lists {len(manifest.layers)} layers but its config "
                 f"has {len(config.diff_ids)} diff ids")
         chain = chain_ids(config.diff_ids)
+        for layer in manifest.layers:
+            check_layer_type(layer.media_type)
         failpoint("pull.manifest")
         try:
             await self._download_and_unpack(ref, creds, manifest.layers, config.diff_ids, chain)
@@ -317,34 +351,18 @@ class ImageService:
         self, ref: Reference, creds: Credentials | None, layers: list[Descriptor],
         diff_ids: list[str], chain: list[str],
     ) -> None:
+        """Every layer not already unpacked: downloaded and unpacked side by side, committed
+        bottom up."""
         sem = asyncio.Semaphore(self.config.max_concurrent_downloads)
-
-        async def download(layer: Descriptor) -> None:
-            async with sem:
-                def opener() -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
-                    return self.client.fetch_blob(ref, layer, creds)
-
-                got = await self.content.ingest(
-                    layer.digest, layer.size, opener,
-                    progress_timeout=float(self.config.image_pull_progress_timeout))
-                if got.downloaded and self.metrics is not None:
-                    self.metrics.pull_bytes(got.size)
-
+        committed = [asyncio.Event() for _ in layers]
         async with asyncio.TaskGroup() as tg:
-            downloads: list[asyncio.Task[None] | None] = []
             for i, layer in enumerate(layers):
                 if self._has_snapshot(chain[i]):
-                    downloads.append(None)  # unpacked already: the blob is not needed again
+                    committed[i].set()  # unpacked already: the blob is not needed again
                     continue
-                downloads.append(tg.create_task(download(layer)))
-            # Unpack in order while later layers are still downloading.
-            for i, layer in enumerate(layers):
-                task = downloads[i]
-                if task is None:
-                    continue
-                await task
-                failpoint("pull.downloaded")  # a verified blob in the content store
-                await self._unpack(layer, diff_ids[i], chain[i], chain[i - 1] if i else None)
+                tg.create_task(self._layer(
+                    ref, creds, sem, layer, diff_ids[i], chain[:i + 1],
+                    below=committed[i - 1] if i else None, done=committed[i]))
 
     def _has_snapshot(self, key: str) -> bool:
         try:
@@ -352,18 +370,82 @@ class ImageService:
         except NotFound:
             return False
 
-    async def _unpack(self, layer: Descriptor, diff_id: str, chain_id: str,
-                      parent: str | None) -> None:
-        lock = self._chain_locks.setdefault(chain_id, asyncio.Lock())
-        async with lock:
-            if self._has_snapshot(chain_id):
-                return
-            await asyncio.to_thread(
-                unpack_layer, self.snapshotter, blob_path=self.content.path(layer.digest),
-                media_type=layer.media_type, diff_id=diff_id, chain_id=chain_id, parent=parent,
-                allow_device_nodes=self.config.allow_device_nodes, mount_dir=self.mount_dir)
-        if not lock.locked():
-            self._chain_locks.pop(chain_id, None)
+    async def _layer(
+        self, ref: Reference, creds: Credentials | None, sem: asyncio.Semaphore,
+        layer: Descriptor, diff_id: str, chain: list[str], *, below: asyncio.Event | None,
+        done: asyncio.Event,
+    ) -> None:
+        """One layer: stream it into a scratch snapshot with no parent, then, once the layers
+        below are committed, commit it under its chain id on top of them. Any failure or
+        cancellation removes the scratch snapshot (and the download its ingest file)."""
+        chain_id = chain[-1]
+        parent = chain[-2] if len(chain) > 1 else None
+        key = ""
+
+        def opener() -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+            return self.client.fetch_blob(ref, layer, creds)
+
+        async def unpack(lowers: list[str] | None = None) -> tuple[str, Extracted]:
+            """Into a new scratch snapshot: the blob as it downloads, or from the store."""
+            nonlocal key
+            key = f"{TEMP_PREFIX}{secrets.token_hex(6)}-{chain_id}"
+            await self._settled(self.snapshotter.prepare, key, None)
+            root = self.snapshotter.upper_dir(key)
+            got = await self.content.ingest(
+                layer.digest, layer.size, opener,
+                functools.partial(extract, root=root, name=layer.digest,
+                                  has_lower=parent is not None, lowers=lowers or (),
+                                  allow_device_nodes=self.config.allow_device_nodes),
+                progress_timeout=float(self.config.image_pull_progress_timeout),
+                executor=self._unpackers)
+            if got.downloaded and self.metrics is not None:
+                self.metrics.pull_bytes(got.size)
+            if got.result.diff_id != diff_id:
+                raise DataLoss(f"layer {layer.digest}: diffID mismatch: config says "
+                               f"{diff_id}, content is {got.result.diff_id}")
+            return root, got.result
+
+        try:
+            async with sem:
+                root, unpacked = await unpack()
+            failpoint("pull.downloaded")  # a verified blob in the content store
+            if below is not None:
+                await below.wait()
+            if parent is not None and unpacked.implicit:
+                lowers = [self.snapshotter.upper_dir(c) for c in reversed(chain[:-1])]
+                if await self._settled(needs_lowers, root, unpacked.implicit, lowers):
+                    # Rare (hand-made layers): names go through the layers below, which
+                    # are committed now; unpack again from the verified blob with them.
+                    await self._discard(key)
+                    root, unpacked = await unpack(lowers)
+                await self._settled(inherit_dirs, root, unpacked.implicit, lowers)
+            failpoint("pull.unpacking")  # unpacked and verified, scratch not yet committed
+            try:
+                await self._settled(self.snapshotter.commit, chain_id, key, parent=parent)
+            except AlreadyExists:
+                await self._discard(key)  # another pull committed the same tree first
+        except BaseException:
+            if key:
+                await self._discard(key)
+            raise
+        done.set()
+
+    async def _settled(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A short blocking call (snapshotter, metadata) in the default executor, finished
+        before a cancellation goes on."""
+        return await run_settled(None, functools.partial(fn, *args, **kwargs))
+
+    async def _discard(self, key: str) -> None:
+        """Remove a scratch snapshot without hiding why the unpack failed; ``cleanup()`` at
+        start-up catches what this cannot."""
+        def remove() -> None:
+            with contextlib.suppress(NotFound):
+                self.snapshotter.remove(key)
+
+        try:
+            await self._settled(remove)
+        except Exception:
+            log.exception("cannot remove scratch snapshot %s of a failed unpack", key)
 
     # ---- remove and garbage collection ----------------------------------------------------
 

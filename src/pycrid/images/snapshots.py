@@ -2,8 +2,11 @@
 
 A snapshot is a directory tree keyed by a string: committed snapshots are
 immutable layers (image layers are keyed by their chain id); active ones are
-writable trees on top of a committed parent (a layer being unpacked now, a
-container's rootfs later); views are read-only. Methods are synchronous and
+writable trees on top of a committed parent, or on nothing (a layer being
+unpacked now, a container's rootfs later); views are read-only. A layer is
+unpacked into an active snapshot of its own, with no parent, so layers unpack
+side by side; it is committed on top of its parent chain once that is
+committed. Methods are synchronous and
 thread-safe: the daemon calls them through ``asyncio.to_thread``.
 """
 
@@ -66,8 +69,11 @@ class Snapshotter(abc.ABC):
     def mounts(self, key: str) -> list[Mount]: ...
 
     @abc.abstractmethod
-    def commit(self, name: str, key: str, labels: dict[str, str] | None = None) -> None:
-        """Active ``key`` becomes committed ``name``; ``key`` is gone after."""
+    def commit(self, name: str, key: str, labels: dict[str, str] | None = None, *,
+               parent: str | None = None) -> None:
+        """Active ``key`` becomes committed ``name``; ``key`` is gone after. With ``parent``
+        (a committed snapshot), ``key`` must have been prepared without one, its tree
+        holding one layer's changes: ``name`` is committed on top of ``parent``."""
 
     @abc.abstractmethod
     def remove(self, key: str) -> None:
@@ -90,8 +96,8 @@ class Snapshotter(abc.ABC):
 
     @abc.abstractmethod
     def upper_dir(self, key: str) -> str:
-        """The directory a writable snapshot's changes go to (written directly when it has
-        no parent)."""
+        """The directory holding the snapshot's own layer: a writable one's changes (written
+        directly when it has no parent), a committed one's files."""
 
     @abc.abstractmethod
     def cleanup(self) -> list[str]:
