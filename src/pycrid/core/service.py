@@ -34,7 +34,7 @@ from pycrid.images.service import ImageService
 from pycrid.network.service import PodNetworks
 from pycrid.oci.adjust import HostSupport
 from pycrid.oci.resources import ResourcePolicy
-from pycrid.oci.spec import CgroupDriver, cgroups_path
+from pycrid.oci.spec import CgroupDriver
 from pycrid.runtime.cgroups import probe as probe_cgroups
 from pycrid.runtime.exits import Exit, ExitWatcher
 from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
@@ -104,6 +104,8 @@ class CRIService:
         self.started_at = time.time()
         self._started = time.monotonic()
         self.config_source = ""
+        #: Sockets other plugins serve for this core, by name (`pycrid status`).
+        self.sockets: dict[str, str] = {}
         self.exits = ExitWatcher(runtime.exit_dir, self._exit_file)
         self.monitor = ExitMonitor(self._handle_exit)
         #: The CNI CHECKs of pods that survived the restart (after the gate opened).
@@ -234,6 +236,7 @@ class CRIService:
                 "nri": "" if nri is None or nri.config.disable_connections
                 else nri.config.socket_path,
                 "metrics": cfg.metrics.address,
+                **self.sockets,
             },
         }
 
@@ -307,8 +310,7 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     paths = ContainerPaths(state_dir=state, root_dir=root)
     runc = getattr(runtime, "runc", "runc")
     nri = NRI(nri_config, sandboxes=sandboxes, containers=ctr_store,
-              pod_cgroups_path=lambda rec: cgroups_path(rec.config.linux.cgroup_parent,
-                                                        rec.id, driver),
+              pod_cgroups_path=lambda rec: controller.anchor(rec).cgroups_path,
               bundle_of=paths.bundle,
               host=lambda: HostSupport.probe(runc_version(runc), own_oom_score_adj()))
     containers = ContainerManager(

@@ -16,6 +16,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.runtime.exits import Exit
+from pycrid.store.pods import SandboxRecord
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,23 @@ class SandboxStatus:
     state: str
     exit: Exit | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxAnchor:
+    """What stands for a pod on the node, for whoever observes pods from outside (stats,
+    NRI, the kubelet's cAdvisor through the containerd API).
+
+    With a pause process these are the pause's. A pod without one has no process and no
+    cgroup of its own: its controller answers with what it has (a running container's
+    pid, the pod's cgroup), which is why nobody else works these out."""
+
+    #: OCI ``linux.cgroupsPath`` of the cgroup that represents the sandbox ("": none).
+    cgroups_path: str
+    #: A live process in the pod's namespaces, its network namespace included (0: none).
+    pid: int
+    #: An OCI config.json describing that process ("": none).
+    spec: str
 
 
 class SandboxController(abc.ABC):
@@ -89,3 +107,8 @@ class SandboxController(abc.ABC):
     @abc.abstractmethod
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         """The exit watcher saw the sandbox's process end."""
+
+    @abc.abstractmethod
+    def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
+        """Which cgroup and which process stand for this pod (see SandboxAnchor). Called
+        from memory-only paths: no runtime calls; at most a small file read."""
