@@ -6,7 +6,7 @@ A real containerd may run on the same node, at the same path. Its socket is neve
 over: a path some live process listens on, or that is not a socket at all, is refused
 (``SocketBusy``, naming the listener when /proc tells); a socket file nobody listens on
 is stale and replaced. At close, the socket is removed only if it is still the one bound
-here.
+here (gRPC would remove whatever is at its bind path: it binds a private name instead).
 """
 
 from __future__ import annotations
@@ -97,16 +97,30 @@ class ContainerdEndpoint:
         self._inode = 0
 
     async def start(self) -> None:
+        """Claim the path, serve on a private name beside it, then hard-link the path to
+        that socket: the link fails if anybody took the path meanwhile (no race), and
+        gRPC's own unlink at shutdown only ever sees the private name."""
         claim(self.path)
+        directory, name = os.path.split(self.path)
+        private = os.path.join(directory, f".{name}.pycrid-{os.getpid()}")
         server = grpc.aio.server(options=[("grpc.max_send_message_length", self._max),
                                           ("grpc.max_receive_message_length", self._max)])
         server.add_generic_rpc_handlers(self._handlers)
         old_umask = os.umask(0o117)  # born 0660, as containerd's
         try:
-            server.add_insecure_port(f"unix://{self.path}")
+            server.add_insecure_port(f"unix://{private}")
         finally:
             os.umask(old_umask)
         await server.start()
+        try:
+            os.link(private, self.path)
+        except OSError as e:
+            await server.stop(grace=None)
+            raise SocketBusy(f"{self.path} was taken while pycrid started serving it "
+                             f"({e.strerror}); not taking it over") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(private)
         self._server = server
         self._inode = os.stat(self.path).st_ino
         log.info("serving containerd's API (read-only, for the kubelet's cAdvisor) on %s",

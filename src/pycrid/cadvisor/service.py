@@ -61,6 +61,7 @@ class ContainersService:
         if ns != NAMESPACE:
             raise errors.NotFound(f'container "{request.id}" in namespace "{ns}": not found')
         found = await asyncio.to_thread(self.view.container, request.id, ns)
+        log.debug("containerd API: container %s looked up", request.id)
         return containers_pb2.GetContainerResponse(container=found)
 
     async def _list(self, request: Any, context: Any) -> list[containers_pb2.Container]:
@@ -119,16 +120,16 @@ class VersionService:
 
 
 def _wrap(full: str, fn: Callable[..., Any], streaming: bool) -> Callable[..., Any]:
-    """Errors to gRPC codes (the CRI edge's map). NotFound is an ordinary answer here
-    (cAdvisor asks about every 64-hex cgroup on the node): logged at debug only."""
+    """Errors to gRPC codes (the CRI edge's map). NotFound is an ordinary answer here:
+    cAdvisor asks about every cgroup on the node whose name carries a 64-hex id, other
+    runtimes' included, so it is not logged (nor are those ids)."""
 
     async def fail(exc: Exception, context: grpc.aio.ServicerContext) -> None:
         code, msg = status_of(exc)
-        level = (logging.DEBUG if code in (grpc.StatusCode.NOT_FOUND,
-                                           grpc.StatusCode.FAILED_PRECONDITION)
-                 else logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.WARNING)
-        log.log(level, "containerd API %s failed: %s", full, msg,
-                exc_info=exc if code == grpc.StatusCode.INTERNAL else None)
+        if code != grpc.StatusCode.NOT_FOUND:
+            level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.WARNING
+            log.log(level, "containerd API %s failed: %s", full, msg,
+                    exc_info=exc if code == grpc.StatusCode.INTERNAL else None)
         await context.abort(code, msg)
 
     if streaming:
