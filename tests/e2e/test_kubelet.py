@@ -15,6 +15,7 @@ One kubelet start per configuration; the host is put back as it was after each
 from __future__ import annotations
 
 import re
+import urllib.error
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,11 @@ def remove_pods(d: Daemon) -> Callable[[], None]:
 
 
 def pod_summary(k: Kubelet, pod: str) -> dict[str, Any] | None:
-    for p in k.summary().get("pods", []):
+    try:
+        summary = k.summary()
+    except urllib.error.HTTPError:  # 500 while its stats providers start up
+        return None
+    for p in summary.get("pods", []):
         if p["podRef"]["name"] == pod and p["podRef"]["namespace"] == "default":
             found: dict[str, Any] = p
             return found
