@@ -175,6 +175,17 @@ async def _init_podsandbox(ctx: InitContext) -> Any:
                            else "cgroupfs")
 
 
+async def _init_pinned(ctx: InitContext) -> Any:
+    from pycrid.sandbox.pinned import PinnedController
+    from pycrid.stats.cgroups import host_hierarchy
+
+    config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
+    return PinnedController(root_dir=ctx.properties["root"], state_dir=ctx.properties["state"],
+                            cgroups=host_hierarchy(),
+                            cgroup_driver="systemd" if config.cgroup_driver == "systemd"
+                            else "cgroupfs")
+
+
 async def _init_cri(ctx: InitContext) -> Any:
     from pycrid.core.service import build_core
     from pycrid.cri.plugin import CRIPlugin
@@ -188,6 +199,7 @@ async def _init_cri(ctx: InitContext) -> Any:
         runtime=runtime,
         handlers=runtime.handlers,
         controller=ctx.get_by_id(SANDBOX, "podsandbox"),
+        pinned=ctx.get_by_id(SANDBOX, "pinned"),
         root=ctx.properties["root"],
         state=ctx.properties["state"],
         config=loaded.config,
@@ -246,6 +258,7 @@ def registry() -> Registry:
     reg.register(Registration(type=RUNTIME, id="runc", requires=(CRI,), init=_init_runc))
     reg.register(Registration(type=SANDBOX, id="podsandbox", requires=(CRI, RUNTIME),
                               init=_init_podsandbox))
+    reg.register(Registration(type=SANDBOX, id="pinned", requires=(CRI,), init=_init_pinned))
     reg.register(Registration(type=NRI, id="nri", config=NRIConfig, init=_init_nri_config))
     reg.register(Registration(type=GRPC, id="cri",
                               requires=(METADATA, CRI, RUNTIME, SANDBOX, NRI),

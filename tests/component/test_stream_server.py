@@ -1,6 +1,7 @@
 """The streaming server in-process on loopback, with a small runtime behind it: the HTTP
 answers it gives, its token cap, TLS, the idle and stream-creation timeouts, shutdown
-with sessions open, failures on the error stream and large transfers. (The same paths
+with sessions open, failures on the error stream, large transfers, how a WebSocket
+session ends and port-forward tunnelled in a WebSocket. (The same paths
 with real containers are in tests/e2e/test_streaming.py.)"""
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Any, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import pytest
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, CloseConnection
+from wsproto.events import Request as WSRequest
 
 from pycrid.errors import ResourceExhausted
 from pycrid.streaming import remotecommand
@@ -35,7 +39,9 @@ from tests.support.streams import (
     HTTPStatusError,
     SpdyClient,
     SpdyCommand,
+    SpdyPortForward,
     WebSocketCommand,
+    WebSocketPipe,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -259,8 +265,10 @@ async def test_aclose_ends_every_session(start: Start, runtime: Runtime) -> None
     assert sorted(runtime.cancelled) == ["exec", "exec", "port_forward"]
     assert runtime.returned == []
     await spdy.wait(5)
-    await ws.wait(5)
-    assert ws.ws.closed
+    result = await ws.wait(5)
+    # Cut short, without a status: "going away", which client-go reports as an error
+    # (after a normal Close it would take the missing status for success).
+    assert (ws.close_code, result.error) == (1001, b"")
     assert await asyncio.wait_for(forward.read_all(data), 5) == b""
     await asyncio.wait_for(forward.goaway.wait(), 5)
     await forward.close()
@@ -332,3 +340,104 @@ async def test_v5_close_ends_stdin(start: Start, runtime: Runtime) -> None:
     assert runtime.returned == ["exec"] and runtime.cancelled == []
     assert (result.stdout, result.exit_code) == (b"before close", 0)
     assert json.loads(result.error)["status"] == "Success"
+    assert (session.close_code, session.closed_channels) == (1000, set())
+
+
+async def _websocket_frames(url: str, protocol: str, messages: Sequence[bytes] = ()
+                            ) -> tuple[list[bytes], CloseConnection, bool, bytes]:
+    """A WebSocket client on wsproto over a plain connection: sends ``messages``, then
+    returns every data message up to the server's Close, that Close, whether the server
+    still held the connection open then (waiting for our answer), and what came after
+    our answer (nothing: the server closes)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    client = WSConnection(ConnectionType.CLIENT)
+    writer.write(client.send(WSRequest(host=parts.netloc, target=parts.path,
+                                       subprotocols=[protocol])))
+    received: list[bytes] = []
+    part = b""
+    close: CloseConnection | None = None
+    try:
+        while close is None:
+            data = await reader.read(65536)
+            assert data, "the server dropped the connection without a Close frame"
+            client.receive_data(data)
+            for event in client.events():
+                if isinstance(event, AcceptConnection):
+                    for message in messages:
+                        writer.write(client.send(BytesMessage(data=message)))
+                elif isinstance(event, BytesMessage):
+                    part += event.data
+                    if event.message_finished:
+                        received.append(part)
+                        part = b""
+                elif isinstance(event, CloseConnection):
+                    close = event
+        # Give a server that would not wait for our answer the time to close.
+        await asyncio.sleep(0.2)
+        held_open = not reader.at_eof()
+        writer.write(client.send(close.response()))
+        rest = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    return received, close, held_open, rest
+
+
+@guard()
+async def test_websocket_exec_ends_with_its_status_and_a_close_frame(start: Start) -> None:
+    """What client-go's WebSocket executor needs to end without an error: the output,
+    the status on channel 3, a Close frame with code 1000 (a dropped connection is 1006
+    and fails every stream), and no CLOSE signal (channel 255) from the server, which it
+    does not expect."""
+    server = await start()
+    for exit_code in ("0", "7"):
+        received, close, held_open, rest = await _websocket_frames(
+            server.url(_exec("echo", exit_code)), "v5.channel.k8s.io",
+            [b"\x00hello", b"\xff\x00"])  # stdin, then v5's half-close of stdin
+        assert received[:2] == [b"\x01", b"\x01hello"]  # "ready", then the output
+        assert len(received) == 3 and received[2][0] == 3
+        status = json.loads(received[2][1:])
+        if exit_code == "0":
+            assert status["status"] == "Success"
+        else:
+            assert status["reason"] == "NonZeroExitCode"
+            assert status["details"]["causes"] == [{"reason": "ExitCode", "message": "7"}]
+        assert (close.code, close.reason) == (1000, "")
+        assert held_open and rest == b""
+
+
+@guard()
+async def test_port_forward_tunnelled_in_websocket(start: Start, runtime: Runtime) -> None:
+    """client-go's WebSocket port-forward: SPDY in binary messages
+    (``SPDY/3.1+portforward.k8s.io``), ended by either side with a Close frame."""
+    server = await start()
+    url = server.url(PortForwardRequest(sandbox_id="s", ports=(80,)))
+    forward = await SpdyPortForward.connect(url, websocket=True)
+    assert forward.client.protocol == "portforward.k8s.io"
+    results = await asyncio.gather(*(forward.request(80, f"ping {i}".encode())
+                                     for i in range(3)))
+    assert sorted(results) == [(f"ping {i}".encode(), b"") for i in range(3)]
+    assert runtime.calls == ["port_forward"] * 3
+    await server.aclose()  # the server ends it: GOAWAY, then a Close frame
+    await asyncio.wait_for(forward.client.goaway.wait(), 5)
+    pipe = forward.client.reader
+    assert isinstance(pipe, WebSocketPipe) and pipe.close_code == 1000
+    await forward.close()
+    assert server.sessions == 0
+
+    server = await start()
+    forward = await SpdyPortForward.connect(
+        server.url(PortForwardRequest(sandbox_id="s", ports=(80,))), websocket=True)
+    assert await forward.request(80, b"once") == (b"once", b"")
+    await forward.close()  # the client ends it
+    await _eventually(lambda: server.sessions == 0)
+
+
+@guard()
+async def test_websocket_port_forward_refuses_other_tunnels(start: Start) -> None:
+    server = await start()
+    headers = (*WS_HEADERS[:-1], "Sec-WebSocket-Protocol: SPDY/3.1+v4.channel.k8s.io")
+    status, _, body = await _raw(server.url(PortForwardRequest(sandbox_id="s", ports=(80,))),
+                                 headers=headers)
+    assert status == 400
+    assert "['SPDY/3.1+v4.channel.k8s.io']" in body and "SPDY/3.1+portforward.k8s.io" in body

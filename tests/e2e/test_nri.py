@@ -466,6 +466,34 @@ def test_event_order_and_no_repeated_events(main: NRIDaemon, pods: Pods) -> None
     assert create["container_name"] == "sleeper" and create["container_pod_id"] == sid
 
 
+def test_pod_without_pause_as_plugins_see_it(main: NRIDaemon, pods: Pods) -> None:
+    """A pod of drop_infra_ctr: pid 0 and its pinned namespaces by path (CRI-O presents
+    a pod whose infra container it dropped the same way); the lifecycle as usual."""
+    rec = main.record("10-rec")
+    pod = pod_config()
+    pod.linux.security_context.namespace_options.pid = pb.CONTAINER
+    sid = pods.run(pod)
+    cid = pods.run_container(sid, sleeper(main), pod)  # pid=CONTAINER
+    pods.remove_pod(sid)
+    wait_events(rec, has_event("RemovePodSandbox", pod_id=sid), 20, "RemovePodSandbox")
+    events = of_pod(read_events(rec), sid)
+    assert [e["event"] for e in events] == [
+        "RunPodSandbox", "CreateContainer", "PostCreateContainer", "StartContainer",
+        "PostStartContainer", "StopContainer", "StopPodSandbox", "RemoveContainer",
+        "RemovePodSandbox"], events
+    run = events[0]
+    state = main.daemon.state
+    assert run["pod_pid"] == 0
+    assert sorted(map(tuple, run["pod_namespaces"])) == [
+        ("ipc", f"{state}/sandboxes/{sid}/ns/ipc"),
+        ("network", next(p for k, p in run["pod_namespaces"] if k == "network")),
+        ("uts", f"{state}/sandboxes/{sid}/ns/uts")]
+    assert next(p for k, p in run["pod_namespaces"] if k == "network").startswith(
+        f"{state}/netns/cni-")
+    create = next(e for e in events if e["event"] == "CreateContainer")
+    assert create["container_id"] == cid
+
+
 def test_badly_named_plugin_files_are_skipped(main: NRIDaemon, pods: Pods) -> None:
     # The daemon started (the fixture) and its good plugins run.
     assert not (main.base / "bad-plugin-ran").exists()

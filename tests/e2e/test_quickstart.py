@@ -6,12 +6,16 @@ Substitutions (the only differences from what a reader types):
   network and NRI socket;
 - the strings in ``SUBSTITUTIONS`` are rewritten in the blocks' text: the socket path, the
   image name (the local registry's busybox) and the scratch directory (a pytest tmp dir);
-- ``crictl`` is ``tests/support/crictl.py`` (a stand-in over the real CRI gRPC API) through a
-  wrapper script first on PATH, unless PYCRID_QUICKSTART_CRICTL names a real crictl binary.
+- ``crictl`` is a wrapper script first on PATH that runs the real crictl: the one
+  PYCRID_QUICKSTART_CRICTL names, else ../shared/interop's (``tests.support.interop``); a
+  checkout with neither gets ``tests/support/crictl.py``, a stand-in over the real CRI gRPC
+  API for the subcommands the quickstart uses.
 
-Each block must exit 0; every line of a block marked ``<!-- quickstart: output -->`` must
-equal a line printed by the runnable block before it (``<...>`` matches one word). The
-quickstart's own teardown must leave no pod, container or leftover behind.
+After the block that runs ``crictl logs`` the test copies the container's log file aside
+(``crictl rm`` deletes it). Each block must exit 0; every line of a block marked
+``<!-- quickstart: output -->`` must equal a line printed by the runnable block before it
+(``<...>`` matches one word). The quickstart's own teardown must leave no pod, container or
+leftover behind.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from tests.support import interop
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import daemon_config, leftovers
@@ -81,7 +86,7 @@ def _crictl_dir(tmp: Path) -> Path:
     bindir = tmp / "bin"
     bindir.mkdir()
     wrapper = bindir / "crictl"
-    real = os.environ.get("PYCRID_QUICKSTART_CRICTL")
+    real = os.environ.get("PYCRID_QUICKSTART_CRICTL") or interop.binary("crictl")
     # The stand-in runs from the caller's cwd (the scratch files are relative to it).
     target = (f'exec {real} "$@"' if real else
               f'export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}\n'
@@ -92,8 +97,6 @@ def _crictl_dir(tmp: Path) -> Path:
 
 
 def test_quickstart_runs_as_written(daemon: Daemon, tmp_path: Path) -> None:
-    # leftovers() also sees machine-wide container cgroups; judge only what appears now.
-    before = set(leftovers(daemon.root, daemon.state))
     doc = QUICKSTART.read_text()
     assert "bash scripts/setup.sh serve" in doc  # the step the test daemon stands in for
     subs = substitutions(daemon.address, daemon.extra["busybox"], str(tmp_path / "scratch"))
@@ -103,11 +106,15 @@ def test_quickstart_runs_as_written(daemon: Daemon, tmp_path: Path) -> None:
     for old in subs:
         assert old in doc, f"substitution {old!r} no longer matches the quickstart"
 
+    log = tmp_path / "scratch" / "logs" / "busybox.log"
+    log_seen = tmp_path / "log-before-teardown"
     script = ["set -euo pipefail"]
     for i, body in enumerate(runs):
         for old, new in subs.items():
             body = body.replace(old, new)
         script += [f"echo '@@@ block {i} start'", body, f"echo '@@@ block {i} end'"]
+        if "crictl logs" in body:  # the log, while the container still exists
+            script.append(f"cp {log} {log_seen}")
     env = {**os.environ, "PATH": f"{_crictl_dir(tmp_path)}:{os.environ['PATH']}"}
     for k in ("CONTAINER_RUNTIME_ENDPOINT", "IMAGE_SERVICE_ENDPOINT", "CRI_CONFIG_FILE"):
         env.pop(k, None)
@@ -144,13 +151,13 @@ def test_quickstart_runs_as_written(daemon: Daemon, tmp_path: Path) -> None:
     # What the prose promises about `crictl ps`: the container, running.
     ps_block = next(i for i, b in enumerate(runs) if "crictl ps" in b)
     assert any("busybox" in s and "Running" in s for s in outputs[ps_block]), outputs[ps_block]
-    # The log file is where step 4 says it is.
-    log = tmp_path / "scratch" / "logs" / "busybox.log"
-    assert "hello from pycrid" in log.read_text()
+    # The log file is where step 4 says it is, and `crictl rm` deleted it, as step 7 says.
+    assert "hello from pycrid" in log_seen.read_text()
+    assert not log.exists()
 
     # The quickstart's own teardown removed everything (checked before _remove_all ran).
     assert remaining == ([], [])
-    assert [x for x in leftovers(daemon.root, daemon.state) if x not in before] == []
+    assert leftovers(daemon.root, daemon.state) == []
 
 
 def _listed(daemon: Daemon) -> tuple[list[str], list[str]]:

@@ -1,18 +1,30 @@
 """Exec, attach and port-forward end to end: the CRI call returns a URL, a test client
-speaks SPDY or WebSocket to it, and a real process in a real container answers."""
+(or the real crictl, when ../shared/interop has it) speaks SPDY or WebSocket to it, and a
+real process in a real container answers."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import re
+import secrets
+import select
+import signal
+import socket
+import struct
+import subprocess
+import termios
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from tests.support import interop
 from tests.support.daemon import Daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
@@ -149,7 +161,9 @@ async def test_websocket_protocols(daemon: Daemon, pod: Any, protocol: str) -> N
 @pytest.mark.parametrize("transport", ["spdy", "websocket"])
 async def test_attach(daemon: Daemon, pod: Any, transport: str) -> None:
     pods, sid, config, _ = pod
-    script = "echo ready; while read l; do echo got:$l; echo err:$l >&2; done"
+    # stderr first: once got:N is seen, err:N is in conmon's pipe and reaches the log even
+    # if the container is killed right then.
+    script = "echo ready; while read l; do echo err:$l >&2; echo got:$l; done"
     cid = pods.run_container(sid, container_config(
         daemon.extra["busybox"], f"attached-{transport}", command=["sh", "-c", script],
         stdin=True, stdin_once=False, log_path=f"attached-{transport}.log"), config)
@@ -265,6 +279,11 @@ def test_bad_requests(daemon: Daemon, pod: Any) -> None:
     pods.remove(exited)
 
 
+def _marker() -> str:
+    """A ``sleep`` argument no other test run on this machine uses at the same time."""
+    return str(100_000 + secrets.randbelow(900_000))
+
+
 def _sleepers(marker: str) -> list[str]:
     return [cmd for _, cmd in command_lines() if cmd == f"sleep {marker}"]
 
@@ -273,7 +292,7 @@ def _sleepers(marker: str) -> list[str]:
 async def test_client_disconnect_kills_the_exec(daemon: Daemon, pod: Any,
                                                 transport: str) -> None:
     _, _, _, cid = pod
-    marker = "4242" if transport == "spdy" else "4343"
+    marker = _marker()
     session = await TRANSPORTS[transport].start(
         _exec_url(daemon, cid, ["sleep", marker], stdin=True), stdin=True, stderr=False)
     await asyncio.to_thread(wait_for, lambda: _sleepers(marker), 15, "the exec to run")
@@ -287,15 +306,16 @@ async def test_removed_container_ends_the_exec_with_an_error(daemon: Daemon,
     pods, sid, config, _ = pod
     cid = pods.run_container(sid, container_config(daemon.extra["busybox"], "doomed",
                                                    command=["sleep", "3600"]), config)
+    marker = _marker()
     session = await TRANSPORTS["spdy"].start(
-        _exec_url(daemon, cid, ["sh", "-c", "trap '' TERM; sleep 4444"]), stdin=False,
+        _exec_url(daemon, cid, ["sh", "-c", f"trap '' TERM; sleep {marker}"]), stdin=False,
         stderr=False)
-    await asyncio.to_thread(wait_for, lambda: _sleepers("4444"), 15, "the exec to run")
+    await asyncio.to_thread(wait_for, lambda: _sleepers(marker), 15, "the exec to run")
     await asyncio.to_thread(pods.remove, cid)
     result = await session.wait(limit=30)
     assert b"InternalError" in result.error or b"Failure" in result.error, result.error
     assert cid.encode() in result.error
-    assert not _sleepers("4444")
+    assert not _sleepers(marker)
 
 
 async def test_many_concurrent_execs(daemon: Daemon, pod: Any) -> None:
@@ -317,3 +337,169 @@ async def test_many_concurrent_execs(daemon: Daemon, pod: Any) -> None:
     # Every exec's temporary files are gone.
     tmp = os.path.join(daemon.state, "conmon")
     assert not [e for e in os.listdir(tmp) if e.startswith("exec-")]
+
+
+# ---- the real crictl (../shared/interop) ---------------------------------------------------
+#
+# crictl exits 1 and logs the error for every failed exec, whatever the transport and the
+# runtime (cmd/crictl/main.go logs what the command returned and exits 1; the exit code is
+# only in the message), so a non-zero exit shows as that one line and status 1.
+
+TRANSPORT_NAMES = ["websocket", "spdy"]
+
+
+def _crictl(daemon: Daemon, tmp: Path) -> list[str]:
+    """The real crictl pointed at the test daemon by a config file of its own (no host
+    /etc/crictl.yaml, and no warning about a missing one); skips when it is absent."""
+    binary = interop.require("crictl")
+    config = tmp / "crictl.yaml"
+    config.write_text(f"runtime-endpoint: unix://{daemon.address}\n"
+                      f"image-endpoint: unix://{daemon.address}\ntimeout: 30\n")
+    return [str(binary), "--config", str(config)]
+
+
+def _run(argv: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(argv, input=stdin, capture_output=True, timeout=120)
+
+
+def _exec_failed_line(cid: str, code: int) -> re.Pattern[bytes]:
+    return re.compile(rb'time="[^"]+" level=error msg="execing command in container '
+                      + cid.encode() + rb": command terminated with exit code "
+                      + str(code).encode() + rb'"\n')
+
+
+@pytest.mark.parametrize("transport", TRANSPORT_NAMES)
+def test_crictl_exec_exit_codes(daemon: Daemon, pod: Any, tmp_path: Path,
+                                transport: str) -> None:
+    _, _, _, cid = pod
+    crictl = [*_crictl(daemon, tmp_path), "exec", "-r", transport, cid, "sh", "-c"]
+    ok = _run([*crictl, "echo out; echo err >&2"])
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, b"out\n", b"err\n")
+    failed = _run([*crictl, "echo out; echo err >&2; exit 7"])
+    assert (failed.returncode, failed.stdout) == (1, b"out\n"), failed.stderr
+    # The command's stderr, then crictl's one line with the exit code; no stream error.
+    assert failed.stderr.startswith(b"err\n"), failed.stderr
+    assert _exec_failed_line(cid, 7).fullmatch(failed.stderr[4:]), failed.stderr
+
+
+@pytest.mark.parametrize("transport", TRANSPORT_NAMES)
+def test_crictl_exec_stdin(daemon: Daemon, pod: Any, tmp_path: Path, transport: str) -> None:
+    _, _, _, cid = pod
+    crictl = [*_crictl(daemon, tmp_path), "exec", "-i", "-r", transport, cid]
+    hi = _run([*crictl, "cat"], stdin=b"hi\n")
+    assert (hi.returncode, hi.stdout, hi.stderr) == (0, b"hi\n", b"")
+    # More than a pipe and a socket buffer hold, then stdin's end reaches the process.
+    text = b"".join(b"line %d\n" % i for i in range(30_000))
+    big = _run([*crictl, "sh", "-c", "cat; echo done"], stdin=text)
+    assert (big.returncode, big.stderr) == (0, b"")
+    assert big.stdout == text + b"done\n"
+
+
+def _in_terminal(argv: list[str], typed: bytes, rows: int, cols: int) -> tuple[int, bytes]:
+    """Run ``argv`` on a new pseudo-terminal of ``rows`` x ``cols`` (crictl -t insists on
+    a terminal), type ``typed`` at the shell's first prompt; (exit status, the screen)."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    screen = bytearray()
+    try:
+        while True:
+            if not select.select([master], [], [], 60)[0]:
+                raise AssertionError(f"no output for 60 s; so far {bytes(screen)!r}")
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: crictl, the last holder of the terminal, is gone
+                break
+            if not chunk:
+                break
+            if b"# " not in screen and b"# " in screen + chunk:
+                os.write(master, typed)
+            screen += chunk
+        return proc.wait(timeout=30), bytes(screen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+@pytest.mark.parametrize("transport", TRANSPORT_NAMES)
+def test_crictl_exec_tty(daemon: Daemon, pod: Any, tmp_path: Path, transport: str) -> None:
+    _, _, _, cid = pod
+    status, screen = _in_terminal(
+        [*_crictl(daemon, tmp_path), "exec", "-it", "-r", transport, cid, "sh"],
+        b"stty size; tty; exit 3\r", rows=33, cols=111)
+    lines = screen.replace(b"\r", b"")  # both terminals on the way add carriage returns
+    assert b"\n33 111\n" in lines and b"\n/dev/pts/0\n" in lines, screen
+    assert status == 1 and b"command terminated with exit code 3" in screen, screen
+    assert b"error reading" not in screen and b"Unknown stream" not in screen, screen
+
+
+def test_crictl_exec_sync(daemon: Daemon, pod: Any, tmp_path: Path) -> None:
+    _, _, _, cid = pod
+    crictl = [*_crictl(daemon, tmp_path), "exec", "-s", cid, "sh", "-c"]
+    ok = _run([*crictl, "echo out; echo err >&2"])
+    # crictl prints both buffers on stdout, each with a newline after it.
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, b"out\n\nerr\n\n", b"")
+    failed = _run([*crictl, "echo out; echo err >&2; exit 7"])
+    assert (failed.returncode, failed.stdout) == (1, b"")
+    assert b"synchronously: command 'sh -c echo out; echo err >&2; exit 7' exited with 7: " \
+           b"err" in failed.stderr, failed.stderr
+
+
+@pytest.mark.parametrize("transport", TRANSPORT_NAMES)
+def test_crictl_attach(daemon: Daemon, pod: Any, tmp_path: Path, transport: str) -> None:
+    pods, sid, config, _ = pod
+    cid = pods.run_container(sid, container_config(
+        daemon.extra["busybox"], f"crictl-attach-{transport}", stdin=True, stdin_once=True,
+        command=["sh", "-c", "read l; echo got:$l; echo err:$l >&2; exit 4"]), config)
+    try:
+        # The container waits for a line only the attach can give it; its end (with
+        # whatever code) ends the attach with success.
+        result = _run([*_crictl(daemon, tmp_path), "attach", "-i", "-r", transport, cid],
+                      stdin=b"one\n")
+        assert (result.returncode, result.stdout, result.stderr) == (
+            0, b"got:one\n", b"err:one\n")
+        assert pods.wait_state(cid, pb.CONTAINER_EXITED).exit_code == 4
+    finally:
+        pods.stop(cid)
+        pods.remove(cid)
+
+
+def _http_get(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        response = bytearray()
+        while chunk := conn.recv(65536):
+            response += chunk
+    return bytes(response)
+
+
+@pytest.mark.parametrize("transport", TRANSPORT_NAMES)
+@pytest.mark.timeout(120)
+def test_crictl_port_forward(daemon: Daemon, pod: Any, tmp_path: Path,
+                             transport: str) -> None:
+    """``-r websocket`` is SPDY tunnelled in a WebSocket (client-go's tunneling dialer)."""
+    _, sid, _, _ = pod
+    proc = subprocess.Popen(
+        [*_crictl(daemon, tmp_path), "port-forward", "-r", transport, sid, "0:8080"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        first = proc.stdout.readline()
+        found = re.fullmatch(rb"Forwarding from 127\.0\.0\.1:(\d+) -> 8080\n", first)
+        assert found, (first, proc.poll())
+        port = int(found.group(1))
+        for _ in range(3):
+            response = _http_get(port)
+            assert response.startswith(b"HTTP/1.") and response.endswith(PAGE.encode())
+        proc.send_signal(signal.SIGINT)  # how a user stops it
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, err) == (0, b"")
+    assert out.count(b"Handling connection for %d\n" % port) == 3, out

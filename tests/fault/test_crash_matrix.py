@@ -10,7 +10,7 @@ daemon dies under the call, restarts it without fail points and checks:
   visible;
 * no trace of any other object is left: bundles, volumes, exit files, runc
   state, conmon processes, mounts, netns, CNI cache entries and pod IPs,
-  writable snapshots, container cgroups;
+  writable snapshots and image volume views, container cgroups;
 * the operation, retried, succeeds; afterwards removing everything leaves
   nothing at all (``leftovers``).
 """
@@ -51,8 +51,8 @@ MATRIX: dict[str, list[str]] = {
     "RunPodSandbox": ["sandbox.record", "sandbox.netns", "sandbox.network", "sandbox.files",
                       "sandbox.shm", "sandbox.rootfs", "sandbox.spec", "sandbox.created",
                       "sandbox.started"],
-    "CreateContainer": ["container.record", "container.rootfs", "container.bundle",
-                        "container.created"],
+    "CreateContainer": ["container.record", "container.rootfs", "container.image_volumes",
+                        "container.bundle", "container.created"],
     "StartContainer": ["container.start", "container.started"],
     "StopContainer": ["container.signalled", "container.killed"],
     "RemoveContainer": ["container.remove", "container.cleaned"],
@@ -60,7 +60,17 @@ MATRIX: dict[str, list[str]] = {
     "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],
     "PullImage": ["pull.manifest", "pull.downloaded", "pull.unpacking", "pull.unpacked"],
 }
-CASES = [(op, point) for op, points in MATRIX.items() for point in points]
+#: The same for a pod without a pause process (drop_infra_ctr): its own steps where the
+#: pause's would be.
+PINNED: dict[str, list[str]] = {
+    "RunPodSandbox": ["sandbox.record", "sandbox.netns", "sandbox.network", "sandbox.files",
+                      "sandbox.shm", "sandbox.pinned", "sandbox.cgroup"],
+    "CreateContainer": ["container.record", "container.bundle", "container.created"],
+    "StopPodSandbox": ["sandbox.stop", "sandbox.stopped", "sandbox.detached"],
+    "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],
+}
+CASES = ([(op, point, False) for op, points in MATRIX.items() for point in points]
+         + [(op, point, True) for op, points in PINNED.items() for point in points])
 
 
 @dataclass
@@ -77,18 +87,36 @@ class World:
 
 class Scenario:
     def __init__(self, op: str, point: str, registry: LocalRegistry,
-                 images: TestImages) -> None:
-        self.op, self.point = op, point
+                 images: TestImages, pinned: bool = False) -> None:
+        self.op, self.point, self.pinned = op, point, pinned
         self.registry, self.images = registry, images
         self.busybox = images.busybox.ref(registry)
         self.layered = images.layered.ref(registry)
 
+    def pod(self) -> Any:
+        """A pod with a pause container, or (pinned) one without."""
+        cfg = pod_config()
+        if self.pinned:
+            cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
+        return cfg
+
     def sleeper(self, name: str = "c") -> Any:
+        cfg = self._sleeper(name)
+        if self.pinned:
+            cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
+        return cfg
+
+    def _sleeper(self, name: str) -> Any:
         if self.op == "StopContainer":
             # Ignores SIGTERM, so the daemon dies inside the grace period and the retried
             # stop has to SIGKILL.
             return container_config(self.busybox, name, command=[
                 "sh", "-c", "trap '' TERM; sleep 3600 & wait"])
+        if self.op == "CreateContainer":
+            # With an image volume (its own mount and snapshot view) to clean up too.
+            return container_config(self.busybox, name, command=["sleep", "3600"], mounts=[
+                pb.Mount(container_path="/vol", readonly=True,
+                         image=pb.ImageSpec(image=self.busybox))])
         return container_config(self.busybox, name, command=["sleep", "3600"])
 
     # ---- before the crash: set the stage, then the call the daemon dies in ----------------
@@ -101,7 +129,7 @@ class Scenario:
         d.client.pull(self.busybox)
         if self.op == "RunPodSandbox":
             return w
-        w.pod = pod_config()
+        w.pod = self.pod()
         w.sid = pods.run(w.pod)
         w.pods[w.sid] = pb.SANDBOX_READY
         if self.op == "CreateContainer":
@@ -119,7 +147,7 @@ class Scenario:
 
     def call(self, pods: Pods, d: Daemon, w: World) -> None:
         ops: dict[str, Callable[[], object]] = {
-            "RunPodSandbox": lambda: pods.run(pod_config()),
+            "RunPodSandbox": lambda: pods.run(self.pod()),
             "CreateContainer": lambda: pods.create(w.sid, self.sleeper(), w.pod),
             "StartContainer": lambda: pods.start(w.cid),
             "StopContainer": lambda: pods.stop(w.cid, timeout=30),
@@ -152,13 +180,14 @@ class Scenario:
     def retry(self, d: Daemon, pods: Pods, w: World) -> Callable[[], None]:
         """The client's retry, and what must hold after it."""
         def run_pod() -> None:
-            sid = pods.run(pod_config())
+            sid = pods.run(self.pod())
             assert pods.pod_status(sid).status.state == pb.SANDBOX_READY
 
         def create() -> None:
             cid = pods.create(w.sid, self.sleeper(), w.pod)
             pods.start(cid)
             assert pods.status(cid).status.state == pb.CONTAINER_RUNNING
+            assert pods.exec(cid, ["test", "-x", "/vol/bin/busybox"]).exit_code == 0
 
         def start() -> None:
             if pods.status(w.cid).status.state == pb.CONTAINER_CREATED:
@@ -247,10 +276,11 @@ def strays(d: Daemon, pods: set[str], containers: set[str]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("op", "point"), CASES, ids=[f"{o}-{p}" for o, p in CASES])
-def test_kill_at_every_step(op: str, point: str, tmp_path: Path, registry: LocalRegistry,
-                            test_images: TestImages) -> None:
-    s = Scenario(op, point, registry, test_images)
+@pytest.mark.parametrize(("op", "point", "pinned"), CASES,
+                         ids=[f"{o}-{p}" + ("-pinned" if n else "") for o, p, n in CASES])
+def test_kill_at_every_step(op: str, point: str, pinned: bool, tmp_path: Path,
+                            registry: LocalRegistry, test_images: TestImages) -> None:
+    s = Scenario(op, point, registry, test_images, pinned)
     with _start(tmp_path, registry, test_images, f"{point}:kill") as d:
         pods = Pods(d.client)
         world = s.prepare(d, pods)

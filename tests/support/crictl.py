@@ -3,7 +3,8 @@ where cri-tools is not installed (Debian does not package it; CI has none).
 
 It implements only the subcommands and flags the quickstart uses, with crictl's output
 where the quickstart relies on it: ``runp``/``create``/``start``/``stop``/``rm`` print the
-id, ``stopp``/``rmp`` print "Stopped sandbox ID"/"Removed sandbox ID", ``ps -q`` prints
+id (``rm`` deletes the container's log file unless ``--keep-logs``, like crictl),
+``stopp``/``rmp`` print "Stopped sandbox ID"/"Removed sandbox ID", ``ps -q`` prints
 ids, ``logs`` prints the container's log, ``exec`` streams over SPDY like crictl and
 ``exec -s`` uses ExecSync; the exit code of an exec is crictl's exit code. The endpoint comes
 from ``--runtime-endpoint``/``-r``, else ``CONTAINER_RUNTIME_ENDPOINT``, else the
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import glob
 import json
 import os
 import sys
@@ -119,7 +122,13 @@ def _run(args: argparse.Namespace) -> int:
                 req = pb.StopContainerRequest(container_id=cid, timeout=args.stop_timeout)
                 rt.StopContainer(req, timeout=t + args.stop_timeout)
             else:
+                log_path = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid),
+                                              timeout=t).status.log_path
                 rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=t)
+                if log_path and not args.keep_logs:  # crictl deletes the log and rotations
+                    for path in [log_path, *glob.glob(glob.escape(log_path) + ".*")]:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.remove(path)
             print(given)
     elif cmd in ("stopp", "rmp"):
         for sid in args.ids:
@@ -196,8 +205,11 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("pod_id")
     create.add_argument("container_config")
     create.add_argument("pod_config")
-    for name in ("start", "rm", "stopp", "rmp"):
+    for name in ("start", "stopp", "rmp"):
         sub.add_parser(name).add_argument("ids", nargs="+")
+    rm = sub.add_parser("rm")
+    rm.add_argument("--keep-logs", action="store_true")
+    rm.add_argument("ids", nargs="+")
     stop = sub.add_parser("stop")
     stop.add_argument("--timeout", "-t", dest="stop_timeout", type=int, default=0)
     stop.add_argument("ids", nargs="+")

@@ -56,7 +56,9 @@ KINDS = ("recorder", "adjuster", "hang", "crash", "fail", "validator", "slow-reg
 
 
 def _pod_fields(pod: api.PodSandbox) -> dict[str, Any]:
-    return {"pod_id": pod.id, "pod_name": pod.name, "pod_namespace": pod.namespace}
+    return {"pod_id": pod.id, "pod_name": pod.name, "pod_namespace": pod.namespace,
+            "pod_pid": pod.pid,
+            "pod_namespaces": [[ns.type, ns.path] for ns in pod.linux.namespaces]}
 
 
 def _container_fields(container: api.Container) -> dict[str, Any]:

@@ -41,10 +41,54 @@ class _Stream:
     ended: bool = False
 
 
-class SpdyClient:
-    """A client-side SPDY/3.1 connection after the HTTP upgrade."""
+class WebSocketPipe:
+    """The reader and writer calls SpdyClient makes, carried in a WebSocket's binary
+    messages: client-go's SPDY-over-WebSocket port-forward, on aiohttp's client."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    def __init__(self, http: aiohttp.ClientSession, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.http, self.ws = http, ws
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._sender = asyncio.create_task(self._send())
+        #: The code of the server's Close frame, once the tunnel ended.
+        self.close_code: int | None = None
+
+    async def read(self, n: int = -1) -> bytes:
+        msg = await self.ws.receive()
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            assert isinstance(msg.data, bytes)
+            return msg.data
+        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
+                            aiohttp.WSMsgType.CLOSING), msg
+        self.close_code = self.ws.close_code
+        return b""
+
+    def write(self, data: bytes) -> None:
+        self._out.put_nowait(data)
+
+    async def _send(self) -> None:
+        while (data := await self._out.get()) is not None:
+            with contextlib.suppress(ConnectionError):
+                await self.ws.send_bytes(data)
+            self._out.task_done()
+        self._out.task_done()
+
+    async def drain(self) -> None:
+        await self._out.join()
+
+    def close(self) -> None:
+        self._out.put_nowait(None)
+
+    async def wait_closed(self) -> None:
+        await self._sender
+        await self.ws.close()
+        await self.http.close()
+
+
+class SpdyClient:
+    """A client-side SPDY/3.1 connection after the HTTP upgrade (or in a WebSocket)."""
+
+    def __init__(self, reader: asyncio.StreamReader | WebSocketPipe,
+                 writer: asyncio.StreamWriter | WebSocketPipe,
                  protocol: str, leftover: bytes) -> None:
         self.reader, self.writer, self.protocol = reader, writer, protocol
         self.codec = spdy.SpdyConnection(client=True)
@@ -76,6 +120,21 @@ class SpdyClient:
             writer.close()
             raise HTTPStatusError(status, body.decode(errors="replace").strip())
         return cls(reader, writer, headers.get("x-stream-protocol-version", ""), b"")
+
+    @classmethod
+    async def connect_websocket(cls, url: str, protocols: list[str]) -> SpdyClient:
+        """SPDY tunnelled in a WebSocket, offering ``SPDY/3.1+<protocol>`` as client-go's
+        tunneling dialer does."""
+        http = aiohttp.ClientSession()
+        try:
+            ws = await http.ws_connect(url.replace("http", "ws", 1),
+                                       protocols=[f"SPDY/3.1+{p}" for p in protocols],
+                                       ssl=_insecure() if url.startswith("https") else True)
+        except aiohttp.WSServerHandshakeError as e:
+            await http.close()
+            raise HTTPStatusError(e.status, e.message) from None
+        pipe = WebSocketPipe(http, ws)
+        return cls(pipe, pipe, (ws.protocol or "").removeprefix("SPDY/3.1+"), b"")
 
     async def _run(self, data: bytes) -> None:
         try:
@@ -272,7 +331,10 @@ class WebSocketCommand(CommandSession):
         self.http, self.ws, self.codec = http, ws, codec
         self.out, self.err, self.error = bytearray(), bytearray(), bytearray()
         self.arrived = asyncio.Event()
+        #: Channels the server sent v5's CLOSE for (the kubelet never does).
         self.closed_channels: set[int] = set()
+        #: The code of the server's Close frame, once the session ended.
+        self.close_code: int | None = None
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -300,6 +362,7 @@ class WebSocketCommand(CommandSession):
             if target is not None:
                 target += decoded.data
                 self.arrived.set()
+        self.close_code = self.ws.close_code
         self.arrived.set()
 
     async def _send(self, channel: int, data: bytes) -> None:
@@ -344,7 +407,11 @@ class SpdyPortForward:
         self._ids = itertools.count()
 
     @classmethod
-    async def connect(cls, url: str) -> SpdyPortForward:
+    async def connect(cls, url: str, *, websocket: bool = False) -> SpdyPortForward:
+        """Over a SPDY upgrade, or tunnelled in a WebSocket (client-go's WebSocket
+        port-forward)."""
+        if websocket:
+            return cls(await SpdyClient.connect_websocket(url, ["portforward.k8s.io"]))
         return cls(await SpdyClient.connect(url, ["portforward.k8s.io"]))
 
     async def request(self, port: int, payload: bytes, *, half_close: bool = True,

@@ -25,7 +25,7 @@ from pycrid.oci.security import (
     validate_pod,
     validate_sysctls,
 )
-from pycrid.oci.spec import SandboxFiles, container_spec, sandbox_spec
+from pycrid.oci.spec import Namespaces, SandboxFiles, container_spec, sandbox_spec
 
 RD = pb.SecurityProfile.RuntimeDefault
 UNCONFINED = pb.SecurityProfile.Unconfined
@@ -35,6 +35,9 @@ FILES = SandboxFiles(hostname="/h/hostname", hosts="/h/hosts", resolv_conf="/h/r
 PASSWD = "root:x:0:0:root:/root:/bin/sh\n"
 GROUP = "root:x:0:\n"
 X86 = {"machine": "x86_64", "kernel": (6, 1)}
+
+#: The namespaces of a pod whose pause process is pid 42.
+PAUSE_42 = Namespaces(*(f"/proc/42/ns/{k}" for k in ("net", "ipc", "uts", "pid", "user")))
 
 
 def pod(privileged: bool = False, **kw: Any) -> pb.PodSandboxConfig:
@@ -57,7 +60,7 @@ def ctr(sc: pb.LinuxContainerSecurityContext | None = None, sandbox: pb.PodSandb
         cfg.linux.security_context.CopyFrom(sc)
     return container_spec(
         cfg, sandbox or pod(privileged=bool(sc and sc.privileged)), {"config": {"Cmd": ["sh"]}},
-        container_id="c" * 64, sandbox_id="s" * 64, sandbox_pid=42, etc_passwd=PASSWD,
+        container_id="c" * 64, sandbox_id="s" * 64, namespaces=PAUSE_42, etc_passwd=PASSWD,
         etc_group=GROUP, image_name="busybox", files=FILES, volumes_dir="/v", **kw)
 
 

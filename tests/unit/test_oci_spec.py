@@ -12,6 +12,7 @@ from pycrid.errors import InvalidArgument
 from pycrid.oci.defaults import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
 from pycrid.oci.spec import (
     DeviceNode,
+    Namespaces,
     SandboxFiles,
     cgroups_path,
     container_spec,
@@ -30,6 +31,9 @@ PAUSE = {"config": {"Entrypoint": ["/pause"], "User": "65535:65535"}}
 PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PASSWD = "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n"
 GROUP = "root:x:0:\nalice:x:1000:\nextra:x:50000:alice\nwheel:x:10:root,alice\n"
+
+#: The namespaces of a pod whose pause process is pid 42.
+PAUSE_42 = Namespaces(*(f"/proc/42/ns/{k}" for k in ("net", "ipc", "uts", "pid", "user")))
 
 
 def pod(**linux_sc: Any) -> pb.PodSandboxConfig:
@@ -55,7 +59,7 @@ def ctr(cfg: pb.ContainerConfig | None = None, sandbox: pb.PodSandboxConfig | No
     kw.setdefault("files", FILES)
     return container_spec(
         cfg or cc(), sandbox or pod(), {"config": {"Cmd": ["sh"]}} if image is None else image,
-        container_id=CID, sandbox_id=SID, sandbox_pid=42, image_name="docker.io/library/x:1",
+        container_id=CID, sandbox_id=SID, namespaces=PAUSE_42, image_name="docker.io/library/x:1",
         volumes_dir="/var/lib/pycrid/containers/" + CID + "/volumes",
         node_hostname="node1", **kw)
 
@@ -808,9 +812,40 @@ def test_container_spec_is_json() -> None:
     json.dumps(ctr(cc(tty=True, mounts=[pb.Mount(container_path="/m", host_path="/h")])))
 
 
-def test_image_volume_mounts_are_refused_by_name() -> None:
+def test_image_volume_is_a_read_only_bind_of_its_mounted_image() -> None:
+    """The core mounts the image and sets host_path; the spec binds it like any mount,
+    and an image VOLUME at the same path gives way to it."""
+    m = pb.Mount(container_path="/data", host_path="/run/pycrid/containers/c/image-volumes/0",
+                 readonly=True, image=pb.ImageSpec(image="busybox"))
+    spec = ctr(cc(mounts=[m]), image={"config": {"Cmd": ["sh"], "Volumes": {"/data": {}}}})
+    assert [x for x in spec["mounts"] if x["destination"] == "/data"] == [
+        {"destination": "/data", "type": "bind", "source": m.host_path,
+         "options": ["rbind", "rprivate", "ro"]}]
+
+
+def test_image_volume_not_mounted_is_refused() -> None:
     from pycrid.oci.mounts import cri_mount
 
-    m = pb.Mount(container_path="/data", image=pb.ImageSpec(image="busybox"))
-    with pytest.raises(InvalidArgument, match=r"'/data': image volumes .* not supported"):
+    m = pb.Mount(container_path="/data", readonly=True, image=pb.ImageSpec(image="busybox"))
+    with pytest.raises(InvalidArgument,
+                       match=r"^ImageVolumeMountFailed: mount '/data': image 'busybox' has not "
+                             r"been mounted$"):
         cri_mount(m)
+
+
+@pytest.mark.parametrize(("kw", "why"), [
+    ({"readonly": False}, "an image volume must be read-only"),
+    ({"readonly": True, "host_path": "/h"}, "an image volume takes no host_path"),
+])
+def test_image_mount_rules(kw: dict[str, Any], why: str) -> None:
+    from pycrid.oci.mounts import check_image_mount, is_image_mount
+
+    m = pb.Mount(container_path="/data", image=pb.ImageSpec(image="busybox"), **kw)
+    assert is_image_mount(m)
+    with pytest.raises(InvalidArgument,
+                       match=rf"^ImageVolumeMountFailed: mount '/data' of image 'busybox': {why}"):
+        check_image_mount(m)
+    check_image_mount(pb.Mount(container_path="/data", readonly=True,
+                               image=pb.ImageSpec(image="busybox")))
+    assert not is_image_mount(pb.Mount(container_path="/d", host_path="/h",
+                                       image=pb.ImageSpec()))

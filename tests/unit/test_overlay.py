@@ -166,3 +166,14 @@ def test_records_persist_across_a_reopen(sn: OverlaySnapshotter, tmp_path: Path)
     assert [(i.key, i.parent, i.kind) for i in again.walk()] == [
         ("a", None, Kind.COMMITTED), ("b", "a", Kind.ACTIVE)]
     assert again.cleanup() == []
+
+
+def test_walk_by_key_prefix(sn: OverlaySnapshotter) -> None:
+    for key in ("image-volume/a/0", "image-volume/a/1", "image-volume/ab/0", "image-volume/b/0",
+                "image-volume0", "image-volume/a"):
+        sn.prepare(key, None)
+    assert [i.key for i in sn.walk(prefix="image-volume/a/")] == [
+        "image-volume/a/0", "image-volume/a/1"]
+    assert len(sn.walk(prefix="image-volume/")) == 5
+    assert len(sn.walk()) == 6
+    assert sn.walk(prefix="nothing") == []

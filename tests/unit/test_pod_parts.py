@@ -13,7 +13,8 @@ from pycrid.core.containers import labels_match, parse_signal
 from pycrid.errors import InvalidArgument
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
 from pycrid.runtime.conmon import _CappedSink, _runc_message
-from pycrid.sandbox.pause import own_oom_score_adj, resolv_conf
+from pycrid.sandbox.files import resolv_conf
+from pycrid.sandbox.pause import own_oom_score_adj
 
 # ---- pause: resolv.conf and oom_score_adj --------------------------------------------
 

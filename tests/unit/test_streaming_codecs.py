@@ -1,5 +1,5 @@
-"""Sans-IO tests of the streaming codecs: WebSocket channels, error-stream statuses,
-resize events and stream tokens."""
+"""Sans-IO tests of the streaming codecs: WebSocket channels and the close handshake,
+error-stream statuses, resize events and stream tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    Pong,
+    TextMessage,
+)
+from wsproto.events import Request as WSRequest
 
 from pycrid.streaming import channels as ch
 from pycrid.streaming.channels import (
@@ -34,6 +44,7 @@ from pycrid.streaming.status import (
     success_status,
 )
 from pycrid.streaming.tokens import TOKEN_LENGTH, TokenCache, TooManyRequests
+from pycrid.streaming.websocket import Received, WebSocketEnd
 
 PROPS = settings(max_examples=100, deadline=None)
 
@@ -531,3 +542,81 @@ def test_token_cache_arguments() -> None:
         TokenCache(ttl=0)
     with pytest.raises(ValueError, match="max_outstanding"):
         TokenCache(max_outstanding=0)
+
+
+# ---------------------------------------------------------------- WebSocket end
+
+
+def _pair(subprotocol: str = ch.PROTOCOL_V5_CHANNEL) -> tuple[WSConnection, WebSocketEnd]:
+    """A wsproto client and the server end after the handshake."""
+    client = WSConnection(ConnectionType.CLIENT)
+    server = WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.send(WSRequest(host="h", target="/exec/t",
+                                              subprotocols=[subprotocol])))
+    assert any(isinstance(e, WSRequest) for e in server.events())
+    client.receive_data(server.send(AcceptConnection(subprotocol=subprotocol)))
+    assert any(isinstance(e, AcceptConnection) for e in client.events())
+    return client, WebSocketEnd(server)
+
+
+def _client_sees(client: WSConnection, data: bytes) -> list[object]:
+    client.receive_data(data)
+    return list(client.events())
+
+
+def test_ws_end_messages_and_pings() -> None:
+    client, end = _pair()
+    got = end.receive(client.send(BytesMessage(data=b"\x00hel", message_finished=False))
+                      + client.send(BytesMessage(data=b"lo"))
+                      + client.send(Ping(payload=b"beat"))
+                      + client.send(TextMessage(data="0aGk=")))
+    assert got.messages == [b"\x00hello", "0aGk="]
+    assert _client_sees(client, got.reply) == [Pong(payload=b"beat")]
+    assert _client_sees(client, end.send(b"\x01out")) == [BytesMessage(data=b"\x01out")]
+
+
+def test_ws_end_server_close_waits_for_the_clients_answer() -> None:
+    """The sequence client-go takes as a normal end: our Close (1000), the client's
+    answer, and only then is the session finished (and the connection may go)."""
+    client, end = _pair()
+    frame = end.close()
+    assert _client_sees(client, frame) == [CloseConnection(code=1000, reason="")]
+    assert not end.open and not end.finished
+    assert end.close() == b""  # a second close sends nothing
+    with pytest.raises(ConnectionResetError):
+        end.send(b"\x01late")
+    # A ping that crossed our Close (masked, key 0) is not answered: pongs are for open
+    # connections.
+    assert end.receive(b"\x89\x81\x00\x00\x00\x00x").reply == b""
+    answer = client.send(CloseConnection(code=1000))
+    got = end.receive(answer)
+    assert got.reply == b"" and got.messages == []
+    assert end.finished and end.peer_code == 1000
+    assert end.receive(b"anything after the end") == Received()
+
+
+def test_ws_end_client_close_is_answered() -> None:
+    client, end = _pair()
+    got = end.receive(client.send(BytesMessage(data=b"\x00last"))
+                      + client.send(CloseConnection(code=1000, reason="bye")))
+    assert got.messages == [b"\x00last"]
+    assert _client_sees(client, got.reply) == [CloseConnection(code=1000, reason="bye")]
+    assert end.finished and end.peer_code == 1000
+    assert end.close() == b""
+
+
+def test_ws_end_connection_lost() -> None:
+    _, end = _pair()
+    assert end.receive(b"") == Received()
+    assert end.finished and end.peer_code == 1006
+    assert end.close() == b""
+
+
+def test_ws_end_bad_framing_is_closed_with_a_protocol_error() -> None:
+    _, end = _pair()
+    # A client frame without a mask (RFC 6455 5.1: the server must fail the connection).
+    got = end.receive(b"\x82\x02\x01x")
+    assert got.messages == []
+    assert got.reply[0] == 0x88 and got.reply[1] < 126  # an unmasked Close frame
+    assert int.from_bytes(got.reply[2:4], "big") == 1002
+    assert end.finished and not end.open

@@ -130,7 +130,7 @@ def view_of(core: CRIService) -> ContainerdView:
     """The view over a CRI core's stores, its pods' anchors and its bundles."""
     return ContainerdView(
         sandboxes=core.pods.store, containers=core.containers.store,
-        anchor=core.pods.controller.anchor,
+        anchor=core.anchors.of,
         container_spec=lambda cid: os.path.join(core.containers.paths.bundle(cid),
                                                 "config.json"),
         image_config=core.images.content.read)

@@ -196,6 +196,10 @@ class RuntimeHandlerConfig:
     cni_conf_dir: str = cfg("", "This handler's own CNI config dir (empty: the [cni] one).",
                             _abs_or_empty)
     cni_max_conf_num: int = cfg(1, "max_conf_num for cni_conf_dir (0: all).", at_least(0))
+    sandboxer: str = cfg(
+        "", "How this handler's pods are held (containerd's key): \"podsandbox\" always runs\n"
+        "a pause container (for a runtime that needs a sandbox process); \"\" follows\n"
+        "drop_infra_ctr.", one_of("", "podsandbox"))
 
 
 def _seccomp_profile(v: Any) -> str | None:
@@ -234,6 +238,12 @@ class RuntimeConfig:
         "hugepage_limits instead of refusing the container.")
     pids_limit: int = cfg(0, "pids.max of every container (CRI-O's key; 0: no limit).",
                           at_least(0))
+    drop_infra_ctr: bool = cfg(
+        True, "Run pods that do not share a PID namespace among their containers without a\n"
+        "pause process (CRI-O's key and default): their network, IPC and UTS namespaces\n"
+        "are pinned with bind mounts and containers join them by path. Pods with\n"
+        "namespace_options.pid = POD, and pods of a handler with sandboxer =\n"
+        "\"podsandbox\", keep the pause container.")
 
 
 def _port(v: Any) -> str | None:

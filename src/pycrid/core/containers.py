@@ -30,9 +30,11 @@ from pycrid.core.nri import NRI
 from pycrid.core.nri_objects import resources_from_cri
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
 from pycrid.core.sessions import SessionEnds
+from pycrid.cri_fields import set_image_ref
 from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from pycrid.faults import failpoint
 from pycrid.images.service import ImageService
+from pycrid.oci.mounts import IMAGE_VOLUME_FAILED, check_image_mount, is_image_mount
 from pycrid.oci.resources import (
     ResourcePolicy,
     apply,
@@ -56,9 +58,11 @@ from pycrid.runtime.cgroups import probe as probe_cgroups
 from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.handlers import HandlerSpec
+from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
+from pycrid.store.images import ImageRecord
 from pycrid.store.pods import CREATING, REMOVING, ContainerRecord, RecordStore, SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -223,6 +227,7 @@ class ContainerManager:
         if image is None:
             raise NotFound(f"image {config.image.image!r} not found: pull it first")
         view = self.images.view(image)
+        volume_images = self._volume_images(config)
         image_config = json.loads(self.images.content.read(image.id))
         md, pmd = config.metadata, sandbox.config.metadata
         name = f"{md.name}_{pmd.name}_{pmd.namespace}_{pmd.uid}_{md.attempt}"
@@ -252,9 +257,9 @@ class ContainerManager:
             undo.callback(self.store.delete, cid)
             failpoint("container.record")
             undo.push_async_callback(self.cleanup, cid)
-            spec = await asyncio.to_thread(
+            spec, resolved = await asyncio.to_thread(
                 self._prepare_bundle, cid, config, pod_config, sandbox, image_config,
-                image.chain[-1] if image.chain else None, config.image.image)
+                image.chain[-1] if image.chain else None, config.image.image, volume_images)
             undo.push_async_callback(self.nri.undo_container, cid)  # Stop and Remove
             await self.nri.create_container(rec, spec)
             await asyncio.to_thread(write_spec, self.paths.bundle(cid), spec)
@@ -269,25 +274,67 @@ class ContainerManager:
             user = spec["process"]["user"]
             rec = self.store.update(cid, phase="created", pid=pid, uid=user["uid"],
                                     gid=user["gid"], groups=tuple(user.get("additionalGids") or ()),
-                                    resources=record_of(spec))
+                                    resources=record_of(spec), config=resolved)
             undo.pop_all()
         log.info("created container %s", cid)
         self.events.emit(events.CREATED, cid, sandbox.id)
         await self.nri.post_create(rec)
         return cid
 
+    def _volume_images(self, config: pb.ContainerConfig) -> dict[int, ImageRecord]:
+        """The image of each image volume, by mount index, checked before any side effect:
+        the kubelet pulls them first, so a missing one is NotFound (containerd resolves
+        them locally too)."""
+        found: dict[int, ImageRecord] = {}
+        for i, m in enumerate(config.mounts):
+            if not is_image_mount(m):
+                continue
+            check_image_mount(m)
+            img = self.images.resolve_local(m.image.image)
+            if img is None or not img.chain:
+                raise NotFound(f"{IMAGE_VOLUME_FAILED}: mount {m.container_path!r}: image "
+                               f"{m.image.image!r} not found: pull it first")
+            found[i] = img
+        return found
+
+    def _mount_image_volumes(self, cid: str, config: pb.ContainerConfig,
+                             images: Mapping[int, ImageRecord]) -> pb.ContainerConfig:
+        """Mount each image volume (runtime/image_volumes.py); returns the config with
+        their host paths and image ids set, which ContainerStatus.mounts reports
+        (containerd fills in host_path; cri-api's ImageSpec.image_ref is the id that
+        PullImage answered)."""
+        if not images:
+            return config
+        resolved = pb.ContainerConfig()
+        resolved.CopyFrom(config)
+        for i, img in images.items():
+            m = resolved.mounts[i]
+            m.host_path = mount_image_volume(
+                self.images.snapshotter, container_id=cid, index=i, parent=img.chain[-1],
+                bundle=self.paths.bundle(cid), sub_path=m.image_sub_path,
+                what=f"{IMAGE_VOLUME_FAILED}: mount {m.container_path!r} of image "
+                     f"{m.image.image!r}")
+            set_image_ref(m.image, img.id)
+        failpoint("container.image_volumes")
+        return resolved
+
     def _prepare_bundle(self, cid: str, config: pb.ContainerConfig,
                         pod_config: pb.PodSandboxConfig, sandbox: SandboxRecord,
                         image_config: dict[str, Any], parent: str | None,
-                        image_name: str) -> dict[str, Any]:
+                        image_name: str, volume_images: Mapping[int, ImageRecord],
+                        ) -> tuple[dict[str, Any], pb.ContainerConfig]:
+        """Rootfs, image volumes and spec; returns the spec and the config with the image
+        volumes' host paths."""
         bundle = self.paths.bundle(cid)
         rootfs = prepare_rootfs(self.images.snapshotter, cid, parent, bundle)
         failpoint("container.rootfs")
+        config = self._mount_image_volumes(cid, config, volume_images)
         volumes_dir = os.path.join(self.paths.volumes(cid), "volumes")
         privileged = config.linux.security_context.privileged
         spec = container_spec(
             config, pod_config, image_config, container_id=cid, sandbox_id=sandbox.id,
-            sandbox_pid=sandbox.pid, etc_passwd=read_etc(rootfs, "passwd"),
+            namespaces=self.controller.namespaces(sandbox),
+            etc_passwd=read_etc(rootfs, "passwd"),
             etc_group=read_etc(rootfs, "group"), image_name=image_name,
             files=self.controller.files(sandbox.id), volumes_dir=volumes_dir,
             node_hostname=os.uname().nodename, cgroup_v2=self.resource_policy.host.unified,
@@ -304,7 +351,7 @@ class ContainerManager:
         for m in config.mounts:
             if m.host_path and not os.path.exists(m.host_path):
                 os.makedirs(m.host_path, mode=0o755, exist_ok=True)  # as containerd does
-        return spec
+        return spec, config
 
     def _target_pid(self, config: pb.ContainerConfig, sandbox: SandboxRecord) -> int | None:
         """§2.14: a TARGET pid namespace is a running container of the same pod."""
@@ -338,12 +385,21 @@ class ContainerManager:
                 "rro_supported": handler.features.recursive_read_only_mounts}
 
     async def cleanup(self, cid: str) -> None:
-        """Every trace of a container but its record and log (idempotent)."""
+        """Every trace of a container but its record and log (idempotent). The image chains
+        its snapshots were built on are collected if no image holds them any more."""
         await self.runtime.delete(cid)
-        await asyncio.to_thread(remove_bundle, self.images.snapshotter, cid,
-                                self.paths.bundle(cid))
-        shutil.rmtree(self.paths.volumes(cid), ignore_errors=True)
+        released = await asyncio.to_thread(self._remove_files, cid)
         self.runtime.forget_exit(cid)
+        await self.images.release(released)
+
+    def _remove_files(self, cid: str) -> Sequence[str]:
+        """Bundle (mounts first), rootfs snapshot, image volume views, copied VOLUMEs;
+        returns the parents of the snapshots removed."""
+        snapshotter = self.images.snapshotter
+        released = remove_bundle(snapshotter, cid, self.paths.bundle(cid))
+        released += remove_image_volumes(snapshotter, cid)
+        shutil.rmtree(self.paths.volumes(cid), ignore_errors=True)
+        return released
 
     # ---- start / stop / remove ----------------------------------------------------------
 

@@ -35,6 +35,7 @@ from pycrid.nri import api
 from pycrid.nri.adaptation.adaptation import Adaptation, SyncFn
 from pycrid.oci.adjust import HostSupport, apply_adjustment
 from pycrid.oci.cdi import CdiRegistry
+from pycrid.oci.spec import Namespaces
 from pycrid.runtime.bundle import read_spec
 from pycrid.store.pods import ContainerRecord, RecordStore, SandboxRecord
 
@@ -62,11 +63,13 @@ class NRI:
                  containers: RecordStore[ContainerRecord],
                  pod_cgroups_path: Callable[[SandboxRecord], str],
                  bundle_of: Callable[[str], str],
+                 pod_namespaces: Callable[[SandboxRecord], Namespaces | None] = lambda r: None,
                  host: Callable[[], HostSupport], cdi: CdiRegistry | None = None) -> None:
         self.config = config
         self.sandboxes = sandboxes
         self.containers = containers
         self._pod_cgroups_path = pod_cgroups_path
+        self._pod_namespaces = pod_namespaces
         self.bundle_of = bundle_of
         self._host_probe = host
         self._host: HostSupport | None = None
@@ -106,7 +109,7 @@ class NRI:
         if self.adaptation is None:
             return
         for rec in self.sandboxes.all():
-            self._pods[rec.id] = pod_object(rec, self._pod_cgroups_path(rec))
+            self._pods[rec.id] = self._pod(rec)
             if not rec.ready:
                 self._pods_stopped.add(rec.id)
         for c in self.containers.all():
@@ -188,7 +191,7 @@ class NRI:
         """RunPodSandbox hook; a refusal fails the call (the caller undoes the pod)."""
         if self.adaptation is None:
             return
-        pod = self._pods[rec.id] = pod_object(rec, self._pod_cgroups_path(rec))
+        pod = self._pods[rec.id] = self._pod(rec)
         await self.adaptation.run_pod_sandbox(pod)
 
     async def stop_pod(self, sid: str) -> None:
@@ -215,14 +218,17 @@ class NRI:
     async def post_update_pod(self, rec: SandboxRecord) -> None:
         if self.adaptation is None or rec.id not in self._pods:
             return
-        pod = self._pods[rec.id] = pod_object(rec, self._pod_cgroups_path(rec))
+        pod = self._pods[rec.id] = self._pod(rec)
         await self.adaptation.post_update_pod_sandbox(pod)
+
+    def _pod(self, rec: SandboxRecord) -> api.PodSandbox:
+        return pod_object(rec, self._pod_cgroups_path(rec), self._pod_namespaces(rec))
 
     def _pod_of(self, sid: str) -> api.PodSandbox:
         pod = self._pods.get(sid)
         if pod is None:
             rec = self.sandboxes.get(sid)
-            pod = (pod_object(rec, self._pod_cgroups_path(rec)) if rec is not None
+            pod = (self._pod(rec) if rec is not None
                    else api.PodSandbox(id=sid))
         return pod
 

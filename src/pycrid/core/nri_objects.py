@@ -19,6 +19,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.errors import InvalidArgument
 from pycrid.nri import api
 from pycrid.oci.seccomp import parse_profile_string
+from pycrid.oci.spec import Namespaces
 from pycrid.store.pods import ContainerRecord, SandboxRecord
 
 _STATES = {
@@ -139,7 +140,11 @@ def oci_resource_update(res: api.LinuxResources) -> dict[str, Any]:
 # ---- pods -------------------------------------------------------------------------------
 
 
-def pod_object(rec: SandboxRecord, cgroups_path: str) -> api.PodSandbox:
+def pod_object(rec: SandboxRecord, cgroups_path: str,
+               pinned: Namespaces | None = None) -> api.PodSandbox:
+    """The pod as plugins see it. A pod without a pause process (``pinned``: the
+    namespaces its containers join) has pid 0 and names its pinned namespaces by path,
+    as CRI-O presents a pod whose infra container it dropped."""
     cfg, md = rec.config, rec.config.metadata
     pod = api.PodSandbox(id=rec.id, name=md.name, uid=md.uid, namespace=md.namespace,
                          labels=dict(cfg.labels), annotations=dict(cfg.annotations),
@@ -151,6 +156,11 @@ def pod_object(rec: SandboxRecord, cgroups_path: str) -> api.PodSandbox:
         linux.pod_resources.CopyFrom(resources_from_cri(cfg.linux.resources))
     if cfg.linux.HasField("overhead"):
         linux.pod_overhead.CopyFrom(resources_from_cri(cfg.linux.overhead))
+    if pinned is not None:
+        for kind, path in (("ipc", pinned.ipc), ("uts", pinned.uts), ("network", pinned.network)):
+            if path is not None:
+                linux.namespaces.add(type=kind, path=path)
+        return pod
     opts = cfg.linux.security_context.namespace_options
     if opts.pid != pb.NODE:
         linux.namespaces.add(type="pid")

@@ -3,10 +3,11 @@
 Records are written before side effects and deleted after them, so recovery
 normally finds every trace through a record. This sweep covers the rest (a
 record lost with a broken database row, a bug, a state dir copied over): any
-bundle, volume dir, exit file, runc container, writable snapshot, conmon
-process, pinned netns or CNI cache entry named for an id that is neither a
-known pod nor a known container is removed with the same cleanup functions a
-removal uses. It runs after record recovery and before the gate opens.
+bundle, volume dir, exit file, runc container, writable snapshot, image volume
+view (by its container's id), conmon process, pinned netns or CNI cache entry
+named for an id that is neither a known pod nor a known container is removed
+with the same cleanup functions a removal uses. It runs after record recovery
+and before the gate opens.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
 from pycrid.network.netns import remove_netns
 from pycrid.network.service import PodNetworks
+from pycrid.runtime import image_volumes
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ async def sweep(*, layout: Layout, pods: set[str], containers: set[str],
     sandbox_ids = set().union(*(_names(d) for d in layout.sandbox_dirs())) - known
     container_ids = set().union(*(_names(d) for d in layout.container_dirs()))
     container_ids |= _names(layout.exit_dir) | runtime_ids
-    container_ids |= {i.key for i in snapshotter.walk()
+    container_ids |= {image_volumes.owner_of(i.key) or i.key for i in snapshotter.walk()
                       if i.kind is not Kind.COMMITTED and not i.key.startswith(TEMP_PREFIX)}
     container_ids -= known | sandbox_ids
     for sid in sorted(sandbox_ids):

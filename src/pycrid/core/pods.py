@@ -69,7 +69,8 @@ class PodManager:
                  containers: ContainerManager, images: ImageService, netns_dir: str,
                  locks: KeyedLocks, nri: NRI, network: PodNetworks, events: ContainerEvents,
                  handlers: Collection[str], default_handler: str = "runc",
-                 userns_handlers: Collection[str] = ()) -> None:
+                 userns_handlers: Collection[str] = (), drop_infra: bool = False,
+                 podsandbox_handlers: Collection[str] = ()) -> None:
         self.store = store
         self.events = events
         self.network = network
@@ -77,6 +78,10 @@ class PodManager:
         self.default_handler = default_handler
         #: Handlers whose runc can run CRI user namespaces (idmapped mounts).
         self.userns_handlers = frozenset(userns_handlers)
+        #: drop_infra_ctr, and the handlers whose pods always get a pause (sandboxer =
+        #: "podsandbox").
+        self.drop_infra = drop_infra
+        self.podsandbox_handlers = frozenset(podsandbox_handlers)
         self.controller = controller
         self.containers = containers
         self.images = images
@@ -132,12 +137,15 @@ class PodManager:
             # CRI-O's pair of lines (running, then ready): an operator can follow a pod's
             # id from the request to the result, also when it fails in between.
             log.info("running pod sandbox %s (%s)", sid, name)
-            image = await self._sandbox_image()
+            kind = self._controller_for(config, chosen)
+            # A pod without a pause process needs no sandbox image.
+            image = await self._sandbox_image() if kind == "pause" else None
             netns = "" if host_network else os.path.join(self.netns_dir, f"cni-{uuid.uuid4()}")
             self.store.put(SandboxRecord(
                 id=sid, name=name, config=config, runtime_handler=handler,
-                created_at=now_ns(), netns=netns, image_id=image.id,
-                image_name=self.images.config.sandbox_image))
+                created_at=now_ns(), netns=netns, controller=kind,
+                image_id=image.id if image is not None else "",
+                image_name=self.images.config.sandbox_image if image is not None else ""))
             undo.callback(self.store.delete, sid)
             failpoint("sandbox.record")
             if netns:
@@ -149,7 +157,7 @@ class PodManager:
             # for the other, so CNI ADD runs beside conmon + runc create/start (about a third
             # of RunPodSandbox; bench.lifecycle). Both are let finish before any unwinding.
             started, attached = await asyncio.gather(
-                self._start_pause(sid, config, image, netns, chosen),
+                self._start_sandbox(sid, config, image, netns, chosen),
                 self._attach(sid, netns, config, handler, undo), return_exceptions=True)
             failures = [o for o in (started, attached) if isinstance(o, BaseException)]
             for extra in failures[1:]:
@@ -167,12 +175,26 @@ class PodManager:
         self.events.emit(events.STARTED, sid, sid)
         return sid
 
-    async def _start_pause(self, sid: str, config: pb.PodSandboxConfig, image: ImageRecord,
-                           netns: str, handler: str) -> int:
-        await self.controller.create(SandboxRequest(
-            id=sid, config=config, image_name=self.images.config.sandbox_image,
-            image_config=json.loads(self.images.content.read(image.id)),
-            image_chain_top=image.chain[-1], netns=netns, runtime_handler=handler))
+    def _controller_for(self, config: pb.PodSandboxConfig, handler: str) -> str:
+        """"pinned" (no pause process) for a pod whose containers share no PID namespace,
+        when drop_infra_ctr allows and its handler does not ask for a sandbox process
+        (CRI-O's NeedsInfra); "pause" otherwise, and always for user-namespace pods."""
+        opts = config.linux.security_context.namespace_options
+        if (not self.drop_infra or opts.pid == pb.POD or handler in self.podsandbox_handlers
+                or (opts.HasField("userns_options") and opts.userns_options.mode == pb.POD)):
+            return "pause"
+        return "pinned"
+
+    async def _start_sandbox(self, sid: str, config: pb.PodSandboxConfig,
+                             image: ImageRecord | None, netns: str, handler: str) -> int:
+        if image is None:
+            req = SandboxRequest(id=sid, config=config, netns=netns, runtime_handler=handler)
+        else:
+            req = SandboxRequest(
+                id=sid, config=config, image_name=self.images.config.sandbox_image,
+                image_config=json.loads(self.images.content.read(image.id)),
+                image_chain_top=image.chain[-1], netns=netns, runtime_handler=handler)
+        await self.controller.create(req)
         return await self.controller.start(sid)
 
     async def _attach(self, sid: str, netns: str, config: pb.PodSandboxConfig, handler: str,
@@ -372,7 +394,9 @@ class PodManager:
         if status.exit is not None:
             submit(status.exit)  # handled after recovery, as a fresh exit
         elif status.state != "running":
-            log.warning("pod sandbox %s: pause process is gone", rec.id)
+            log.warning("pod sandbox %s: its %s gone", rec.id,
+                        "pause process is" if rec.controller == "pause"
+                        else "pinned namespaces are")
             self._not_ready(rec.id)
         elif rec.netns and not is_pinned(rec.netns):
             log.warning("pod sandbox %s: network namespace %s is gone", rec.id, rec.netns)

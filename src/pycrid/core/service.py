@@ -23,6 +23,7 @@ from typing import Any
 from pycrid import __version__
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
 from pycrid.core import orphans
+from pycrid.core.anchors import PodAnchors
 from pycrid.core.containers import ContainerManager, ContainerPaths
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI, runc_version
@@ -41,6 +42,7 @@ from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
+from pycrid.sandbox.router import SandboxRouter
 from pycrid.store.db import Database
 from pycrid.store.pods import container_store, sandbox_store
 
@@ -83,6 +85,7 @@ class CRIService:
         events: ContainerEvents,
         layout: orphans.Layout,
         stats: StatsService,
+        anchors: PodAnchors,
         handlers: Mapping[str, HandlerSpec] | None = None,
     ) -> None:
         self.images = images
@@ -98,6 +101,8 @@ class CRIService:
         self.layout = layout
         #: Container and pod stats: owns the one sampling loop (started in start()).
         self.stats = stats
+        #: Which cgroup and process stand for each pod (stats, NRI, containerd's API).
+        self.anchors = anchors
         self.handlers = dict(handlers or {})
         #: For `pycrid status`: when this daemon started, and the config file it read
         #: (set by the wiring; empty: the embedded defaults).
@@ -296,21 +301,30 @@ def _jsonable(obj: Any) -> Any:
 def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeConfig,
                runtime: ContainerRuntime, controller: SandboxController, root: str, state: str,
                config: Config, warnings: list[str], nri_config: NRIConfig,
-               handlers: Mapping[str, HandlerSpec] | None = None) -> CRIService:
+               handlers: Mapping[str, HandlerSpec] | None = None,
+               pinned: SandboxController | None = None) -> CRIService:
     """Wire the core from its parts (used by the CRI plugin and by tests).
 
-    The NRI side is built here with the stores it reports on, never on its own, so
-    every exit the core sees, from start-up recovery on, can reach plugins."""
+    ``controller`` holds pods with a pause container, ``pinned`` (when given) pods
+    without one (drop_infra_ctr). The NRI side is built here with the stores it reports
+    on, never on its own, so every exit the core sees, from start-up recovery on, can
+    reach plugins."""
     locks = KeyedLocks()
     sandboxes = sandbox_store(db)
+    controllers = {"pause": controller, **({"pinned": pinned} if pinned is not None else {})}
+    controller = SandboxRouter(controllers, lambda sid: (
+        rec.controller if (rec := sandboxes.get(sid)) is not None else None))
     ctr_store = container_store(db)
+    anchors = PodAnchors(controller=controller, containers=ctr_store)
     events = ContainerEvents(sandboxes, ctr_store)
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
                             else "cgroupfs")
     paths = ContainerPaths(state_dir=state, root_dir=root)
     runc = getattr(runtime, "runc", "runc")
     nri = NRI(nri_config, sandboxes=sandboxes, containers=ctr_store,
-              pod_cgroups_path=lambda rec: controller.anchor(rec).cgroups_path,
+              pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
+              pod_namespaces=lambda rec: (controller.namespaces(rec)
+                                          if rec.controller == "pinned" else None),
               bundle_of=paths.bundle,
               host=lambda: HostSupport.probe(runc_version(runc), own_oom_score_adj()))
     containers = ContainerManager(
@@ -331,11 +345,16 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
                       handlers=runtime_config.runtimes.keys(),
                       default_handler=runtime_config.default_runtime_name,
                       userns_handlers=[n for n, h in (handlers or {}).items()
-                                       if h.features.user_namespaces])
+                                       if h.features.user_namespaces],
+                      drop_infra=runtime_config.drop_infra_ctr and pinned is not None,
+                      podsandbox_handlers=[n for n, h in runtime_config.runtimes.items()
+                                           if h.sandboxer == "podsandbox"])
     stats = StatsService(pods=pods, containers=containers, snapshotter=images.snapshotter,
-                         period=float(runtime_config.stats_collect_period), cgroup_driver=driver)
-    return CRIService(stats=stats, images=images, pods=pods, containers=containers, runtime=runtime,
-                      runtime_config=runtime_config, config=config, warnings=warnings, nri=nri,
-                      network=network, events=events, handlers=handlers,
+                         period=float(runtime_config.stats_collect_period), cgroup_driver=driver,
+                         anchor=anchors.of)
+    return CRIService(stats=stats, anchors=anchors, images=images, pods=pods,
+                      containers=containers, runtime=runtime, runtime_config=runtime_config,
+                      config=config, warnings=warnings, nri=nri, network=network,
+                      events=events, handlers=handlers,
                       layout=orphans.Layout(root=root, state=state,
                                             exit_dir=runtime.exit_dir))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cri_api.v1 import api_pb2 as pb
@@ -23,8 +23,10 @@ from pycrid.core.pods import PodManager
 from pycrid.errors import Unavailable
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.spec import CgroupDriver, cgroups_path
+from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.stats import metrics
 from pycrid.stats.cgroups import CgroupStats, Hierarchy
+from pycrid.stats.devices import filesystem_device
 from pycrid.stats.netdev import InterfaceCounters
 from pycrid.stats.pod import sum_cgroups, sum_rates
 from pycrid.stats.sampler import LayerUsage, Sample, Sampler, Target
@@ -57,11 +59,16 @@ class PodStatsView:
 class StatsService:
     def __init__(self, *, pods: PodManager, containers: ContainerManager,
                  snapshotter: Snapshotter, period: float, cgroup_driver: CgroupDriver,
+                 anchor: Callable[[SandboxRecord], SandboxAnchor],
                  hierarchy: Hierarchy | None = None) -> None:
         self.pods = pods
         self.containers = containers
+        #: Which cgroup and process stand for a pod (PodAnchors.of).
+        self.anchor = anchor
         self.snapshotter = snapshotter
         self.cgroup_driver = cgroup_driver
+        #: The device under the snapshotter's root (metrics' "device" label), found once.
+        self._fs_device: str | None = None
         self.sampler = Sampler(period=period, targets=self._targets, hierarchy=hierarchy,
                                layer_usage=self._layer_usage)
 
@@ -74,8 +81,18 @@ class StatsService:
     # ---- what to sample ---------------------------------------------------------------------
 
     def _layer_usage(self, key: str) -> LayerUsage:
+        """Worker thread: the layer's own usage, and the filesystem under the snapshotter
+        (the container's filesystem in cAdvisor's terms: its limit and inodes)."""
         u = self.snapshotter.usage(key)
-        return LayerUsage(used_bytes=u.size, inodes_used=u.inodes)
+        if self._fs_device is None:
+            self._fs_device = filesystem_device(self.snapshotter.root)
+        try:
+            st = os.statvfs(self.snapshotter.root)
+        except OSError:
+            return LayerUsage(used_bytes=u.size, inodes_used=u.inodes, device=self._fs_device)
+        return LayerUsage(used_bytes=u.size, inodes_used=u.inodes, device=self._fs_device,
+                          capacity_bytes=st.f_blocks * st.f_frsize, inodes_total=st.f_files,
+                          inodes_free=st.f_ffree)
 
     def _container_target(self, rec: ContainerRecord) -> Target:
         pod = self.pods.store.get(rec.sandbox_id)
@@ -88,15 +105,15 @@ class StatsService:
                       spec=os.path.join(self.containers.paths.bundle(rec.id), "config.json"))
 
     def _pod_target(self, rec: SandboxRecord) -> Target:
-        try:
-            path = cgroups_path(rec.config.linux.cgroup_parent, rec.id, self.cgroup_driver)
-        except Exception:
-            path = ""
-        # A host-network pod has no netns of its own: its pause sees the host's interfaces.
-        return Target(id=rec.id, cgroups_path=path, net_pid=rec.pid if rec.netns else 0)
+        """The pod's anchor (core/anchors.py): its sandbox cgroup, and a process in its
+        network namespace (the pause, or a running container for a pod without one)."""
+        anchor = self.anchor(rec)
+        # A host-network pod has no netns of its own: its process sees the host's interfaces.
+        return Target(id=rec.id, cgroups_path=anchor.cgroups_path,
+                      net_pid=anchor.pid if rec.netns else 0)
 
     def _targets(self) -> list[Target]:
-        out = [self._pod_target(p) for p in self.pods.store.visible() if p.ready and p.pid]
+        out = [self._pod_target(p) for p in self.pods.store.visible() if p.ready]
         out += [self._container_target(c) for c in self.containers.store.visible()
                 if c.state == pb.CONTAINER_RUNNING]
         return out

@@ -3,7 +3,11 @@
 Field choices follow containerd's (internal/cri/server/container_stats_list.go,
 sandbox_stats_linux.go): working set = usage - inactive file, rss from total_rss
 (v1) or anon (v2), available = limit - working set only when there is a limit,
-usage_nano_cores only once two samples exist.
+usage_nano_cores only once two samples exist, pressure totals in nanoseconds. Swap
+(which containerd leaves out) is what the kubelet's cAdvisor path reports: usage,
+and what is left under the swap limit when there is one. The kubelet reads these
+fields into /stats/summary (cri_stats_provider.go makeContainerStats and the
+addCRIPod* helpers); container log usage it measures itself, CRI has no field.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.stats import ContainerStatsView, PodStatsView
+from pycrid.stats.cgfiles import Psi, PsiData
 from pycrid.stats.cgroups import CgroupStats
 from pycrid.stats.metrics import COUNTER, Descriptor, MetricValue
 from pycrid.stats.netdev import InterfaceCounters, default_interface
@@ -22,10 +27,26 @@ def _u64(value: int) -> Any:
     return pb.UInt64Value(value=max(int(value), 0))
 
 
+def _psi_data(d: PsiData) -> Any:
+    return pb.PsiData(Total=d.total_us * 1000, Avg10=d.avg10, Avg60=d.avg60, Avg300=d.avg300)
+
+
+def psi_pb(psi: Psi | None) -> Any:
+    if psi is None:
+        return None
+    out = pb.PsiStats()
+    if psi.some is not None:
+        out.Some.CopyFrom(_psi_data(psi.some))
+    if psi.full is not None:
+        out.Full.CopyFrom(_psi_data(psi.full))
+    return out
+
+
 def cpu_pb(cg: CgroupStats, timestamp: int, nano_cores: int | None) -> Any:
     if cg.cpu_ns is None:
         return None
-    cpu = pb.CpuUsage(timestamp=timestamp, usage_core_nano_seconds=_u64(cg.cpu_ns))
+    cpu = pb.CpuUsage(timestamp=timestamp, usage_core_nano_seconds=_u64(cg.cpu_ns),
+                      psi=psi_pb(cg.cpu_psi))
     if nano_cores is not None:
         cpu.usage_nano_cores.value = nano_cores
     return cpu
@@ -38,8 +59,24 @@ def memory_pb(cg: CgroupStats, timestamp: int) -> Any:
         timestamp=timestamp, working_set_bytes=_u64(cg.working_set or 0),
         usage_bytes=_u64(cg.memory_usage), rss_bytes=_u64(cg.rss),
         page_faults=_u64(cg.pgfault), major_page_faults=_u64(cg.pgmajfault),
-        available_bytes=_u64(cg.available or 0))
+        available_bytes=_u64(cg.available or 0), psi=psi_pb(cg.memory_psi))
     return mem
+
+
+def swap_pb(cg: CgroupStats, timestamp: int) -> Any:
+    if cg.swap is None:
+        return None
+    swap = pb.SwapUsage(timestamp=timestamp, swap_usage_bytes=_u64(cg.swap))
+    if cg.swap_available is not None:
+        swap.swap_available_bytes.value = cg.swap_available
+    return swap
+
+
+def io_pb(cg: CgroupStats, timestamp: int) -> Any:
+    """CRI's IoUsage carries pressure only; none without it (cgroup v1 alone)."""
+    if cg.io_psi is None:
+        return None
+    return pb.IoUsage(timestamp=timestamp, psi=psi_pb(cg.io_psi))
 
 
 def container_stats_pb(view: ContainerStatsView) -> Any:
@@ -55,6 +92,10 @@ def container_stats_pb(view: ContainerStatsView) -> Any:
             cs.cpu.CopyFrom(cpu)
         if (mem := memory_pb(s.cgroup, s.timestamp)) is not None:
             cs.memory.CopyFrom(mem)
+        if (swap := swap_pb(s.cgroup, s.timestamp)) is not None:
+            cs.swap.CopyFrom(swap)
+        if (io := io_pb(s.cgroup, s.timestamp)) is not None:
+            cs.io.CopyFrom(io)
     if s.layer is not None:
         cs.writable_layer.CopyFrom(pb.FilesystemUsage(
             timestamp=s.timestamp, fs_id=pb.FilesystemIdentifier(mountpoint=view.fs_mountpoint),
@@ -78,9 +119,9 @@ def pod_stats_pb(view: PodStatsView) -> Any:
         if (mem := memory_pb(view.usage, ts)) is not None:
             linux.memory.CopyFrom(mem)
             linux.memory.ClearField("available_bytes")  # limits do not add up
-        if view.usage.pids is not None:
+        if view.usage.processes is not None:
             linux.process.CopyFrom(pb.ProcessUsage(timestamp=ts,
-                                                   process_count=_u64(view.usage.pids)))
+                                                   process_count=_u64(view.usage.processes)))
     if view.network is not None:
         net = pb.NetworkUsage(timestamp=ts, interfaces=[_iface_pb(i) for i in view.network])
         if (d := default_interface(list(view.network))) is not None:

@@ -1,7 +1,7 @@
-"""mount(2) and umount2(2) through libc, and a reader of /proc/self/mountinfo.
+"""mount(2), umount2(2) and openat2(2) through libc, and a reader of /proc/self/mountinfo.
 
-Used for unpacking layers now and container root filesystems later; calling
-the syscalls directly avoids a ``mount`` process per layer.
+Used for unpacking layers, container root filesystems and image volumes;
+calling the syscalls directly avoids a ``mount`` process per layer.
 """
 
 from __future__ import annotations
@@ -67,6 +67,41 @@ def mount(m: Mount, target: str) -> None:
 
 def unmount(target: str, *, detach: bool = False) -> None:
     _call(f"unmount {target}", _libc.umount2(target.encode(), MNT_DETACH if detach else 0))
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+_SYS_OPENAT2 = 437  # the same number on every architecture
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
+
+
+def real_dir_beneath(root: str, path: str) -> str:
+    """The symlink-free host path of directory ``path`` inside ``root``.
+
+    The kernel resolves ``path`` (openat2 with RESOLVE_BENEATH: ``..``, absolute
+    names and symlinks may not leave ``root``, as Go's os.Root refuses them);
+    raises OSError with ENOENT (missing), ENOTDIR (not a directory) or EXDEV
+    (escapes ``root``).
+    """
+    dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        how = _OpenHow(flags=os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, mode=0,
+                       resolve=_RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+        fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd),
+                               os.fsencode(path), ctypes.byref(how),
+                               ctypes.c_size_t(ctypes.sizeof(how))))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+    finally:
+        os.close(dirfd)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 def _unescape(field: str) -> str:

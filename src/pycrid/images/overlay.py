@@ -66,9 +66,14 @@ class OverlaySnapshotter(Snapshotter):
     def stat(self, key: str) -> Info:
         return self._info(self._row(key))
 
-    def walk(self) -> list[Info]:
+    def walk(self, prefix: str = "") -> list[Info]:
+        where, args = "", []
+        if prefix:  # a key range the unique index answers (UTF-8 keeps code point order)
+            where = " WHERE key >= ? AND key < ?"
+            args = [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
         with self._db.read() as c:
-            rows = c.execute("SELECT * FROM overlay_snapshots ORDER BY id").fetchall()
+            rows = c.execute(f"SELECT * FROM overlay_snapshots{where} ORDER BY id",
+                             args).fetchall()
         return [self._info(r) for r in rows]
 
     # ---- lifecycle -----------------------------------------------------------------------

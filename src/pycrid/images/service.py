@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -375,6 +375,15 @@ class ImageService:
         self.store.delete(rec.id)
         await self.gc()
         return True
+
+    async def release(self, chain_ids: Iterable[str]) -> None:
+        """Snapshots built on ``chain_ids`` (a container's rootfs, its image volumes) are
+        gone: collect the chains no image holds any more. The collector keeps a chain
+        while anything is built on it, so an image removed while a container still used
+        it (containerd's leases do the same) goes only now."""
+        held = {c for img in self.store.list() for c in img.chain}
+        if any(c not in held for c in chain_ids):
+            await self.gc()
 
     async def gc(self) -> tuple[int, int]:
         """Delete content and snapshots no image refers to; deferred while pulls run.

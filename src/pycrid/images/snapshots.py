@@ -77,7 +77,8 @@ class Snapshotter(abc.ABC):
     def stat(self, key: str) -> Info: ...
 
     @abc.abstractmethod
-    def walk(self) -> list[Info]: ...
+    def walk(self, prefix: str = "") -> list[Info]:
+        """Every snapshot, or those whose key starts with ``prefix``."""
 
     @abc.abstractmethod
     def usage(self, key: str) -> Usage:

@@ -91,13 +91,34 @@ def image_volumes(
     return out
 
 
+#: The CRI's name for a failed image volume (cri-api pkg/errors): containerd and CRI-O
+#: start such errors with it, and people and tools look for it in the kubelet's events.
+IMAGE_VOLUME_FAILED = "ImageVolumeMountFailed"
+
+
+def is_image_mount(mount: pb.Mount) -> bool:
+    """An image volume (KEP-4639): the image named in ``Mount.image`` is the source."""
+    return mount.HasField("image") and bool(mount.image.image)
+
+
+def check_image_mount(mount: pb.Mount) -> None:
+    """containerd's rules for an image volume: no host_path, and read-only."""
+    where = f"{IMAGE_VOLUME_FAILED}: mount {mount.container_path!r} of image {mount.image.image!r}"
+    if mount.host_path:
+        raise InvalidArgument(f"{where}: an image volume takes no host_path "
+                              f"(got {mount.host_path!r})")
+    if not mount.readonly:
+        raise InvalidArgument(f"{where}: an image volume must be read-only (readonly: true)")
+
+
 def cri_mount(mount: pb.Mount, *, rro_supported: bool = False) -> tuple[Spec, str | None]:
-    """One CRI Mount as an OCI bind mount, plus the rootfs propagation it needs."""
-    if mount.HasField("image") and mount.image.image:
-        raise InvalidArgument(
-            f"mount {mount.container_path!r}: image volumes (Mount.image, the kubelet's "
-            "ImageVolume feature) are not supported by pycrid"
-        )
+    """One CRI Mount as an OCI bind mount, plus the rootfs propagation it needs.
+
+    An image volume arrives mounted: the caller set its host_path to the mounted image.
+    """
+    if is_image_mount(mount) and not mount.host_path:
+        raise InvalidArgument(f"{IMAGE_VOLUME_FAILED}: mount {mount.container_path!r}: "
+                              f"image {mount.image.image!r} has not been mounted")
     options = ["rbind"]
     needs: str | None = None
     prop = mount.propagation

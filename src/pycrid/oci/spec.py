@@ -154,6 +154,20 @@ def _user_string(sc: Any, image_user: str, *, with_username: bool) -> str:
     return user or image_user
 
 
+def pod_sysctls(config: pb.PodSandboxConfig, *, unprivileged_ports: bool = True,
+                unprivileged_icmp: bool = True) -> dict[str, str]:
+    """The pod's sysctls (names normalised) plus containerd's defaults for a pod with a
+    network of its own: any port may be bound and any group may ping without privilege."""
+    opts = config.linux.security_context.namespace_options
+    sysctls = validate_sysctls(config.linux.sysctls, opts)
+    if opts.network != pb.NODE:
+        if unprivileged_ports:
+            sysctls.setdefault("net.ipv4.ip_unprivileged_port_start", "0")
+        if unprivileged_icmp:
+            sysctls.setdefault("net.ipv4.ping_group_range", "0 2147483647")
+    return sysctls
+
+
 def sandbox_spec(
     config: pb.PodSandboxConfig,
     image_config: Mapping[str, Any],
@@ -228,12 +242,9 @@ def sandbox_spec(
     if sc.privileged:
         _sysfs_rw(spec["mounts"])
 
-    sysctls = validate_sysctls(config.linux.sysctls, opts)
-    if not host_net:
-        if unprivileged_ports:
-            sysctls.setdefault("net.ipv4.ip_unprivileged_port_start", "0")
-        if unprivileged_icmp and userns is None and not daemon_in_userns:
-            sysctls.setdefault("net.ipv4.ping_group_range", "0 2147483647")
+    sysctls = pod_sysctls(config, unprivileged_ports=unprivileged_ports,
+                          unprivileged_icmp=unprivileged_icmp and userns is None
+                          and not daemon_in_userns)
     if sysctls:
         linux["sysctl"] = sysctls
     linux["cgroupsPath"] = cgroups_path(config.linux.cgroup_parent, sandbox_id, cgroup_driver)
@@ -332,6 +343,20 @@ def capabilities(
     return {**sets, **({"inheritable": inheritable} if inheritable else {})}
 
 
+@dataclass(frozen=True)
+class Namespaces:
+    """Where a pod's containers find the namespaces they share (OCI namespace paths);
+    None for one the pod takes from the host (the container then gets no namespace of
+    that kind, so it shares the host's), and for ``pid`` also when the pod has no PID
+    namespace of its own to share."""
+
+    network: str | None = None
+    ipc: str | None = None
+    uts: str | None = None
+    pid: str | None = None
+    user: str | None = None
+
+
 def container_spec(
     config: pb.ContainerConfig,
     sandbox: pb.PodSandboxConfig,
@@ -339,7 +364,7 @@ def container_spec(
     *,
     container_id: str,
     sandbox_id: str,
-    sandbox_pid: int,
+    namespaces: Namespaces,
     etc_passwd: str | None,
     etc_group: str | None,
     image_name: str,
@@ -440,7 +465,8 @@ def container_spec(
     with_resources(spec, config.linux.resources if config.linux.HasField("resources") else None,
                    resource_policy or ResourcePolicy(), min_oom_score_adj)  # §2.13
     linux["namespaces"] = _container_namespaces(
-        sc.namespace_options, popts, sandbox_pid, target_pid, cgroupns=cgroupns)
+        sc.namespace_options, namespaces, target_pid, cgroupns=cgroupns,
+        userns=_userns(popts) is not None)
     if userns is not None:
         if not sc.namespace_options.HasField("userns_options") or \
                 sc.namespace_options.userns_options != popts.userns_options:
@@ -493,32 +519,33 @@ def _apply_privileged(spec: Spec, host_caps: Sequence[str],
 
 
 def _container_namespaces(
-    opts: pb.NamespaceOption, popts: pb.NamespaceOption, pid: int, target_pid: int | None,
-    *, cgroupns: bool,
+    opts: pb.NamespaceOption, pod: Namespaces, target_pid: int | None,
+    *, cgroupns: bool, userns: bool,
 ) -> list[Spec]:
-    """§2.14: join the pause container's namespaces through /proc/<pid>/ns."""
-    def path(p: int, ns: str) -> str:
-        return f"/proc/{p}/ns/{ns}"
-
+    """§2.14: join the pod's namespaces by path (the pause's /proc/<pid>/ns/*, or the
+    pinned files of a pod without one); one the pod takes from the host is left out."""
+    out: list[Spec] = []
     if opts.pid == pb.CONTAINER:
-        pid_ns: Spec = {"type": "pid"}
+        out.append({"type": "pid"})
     elif opts.pid == pb.TARGET:
         if target_pid is None:
             raise InvalidArgument(f"target container {opts.target_id!r} is not running")
-        pid_ns = {"type": "pid", "path": path(target_pid, "pid")}
-    else:
-        pid_ns = {"type": "pid", "path": path(pid, "pid")}
-    out = [
-        pid_ns,
-        {"type": "ipc", "path": path(pid, "ipc")},
-        {"type": "uts", "path": path(pid, "uts")},
-        {"type": "mount"},
-        {"type": "network", "path": path(pid, "net")},
-    ]
+        out.append({"type": "pid", "path": f"/proc/{target_pid}/ns/pid"})
+    elif pod.pid is not None:
+        out.append({"type": "pid", "path": pod.pid})
+    elif opts.pid == pb.POD:
+        raise InvalidArgument("namespace_options.pid is POD but the pod shares no PID "
+                              "namespace (its own pid option is not POD)")
+    for kind, path in (("ipc", pod.ipc), ("uts", pod.uts)):
+        if path is not None:
+            out.append({"type": kind, "path": path})
+    out.append({"type": "mount"})
+    if pod.network is not None:
+        out.append({"type": "network", "path": pod.network})
     if cgroupns:
         out.append({"type": "cgroup"})
-    if _userns(popts) is not None:
-        out.append({"type": "user", "path": path(pid, "user")})
+    if userns:
+        out.append({"type": "user", "path": pod.user})
     return out
 
 

@@ -80,11 +80,19 @@ def copy_image_volume(rootfs: str, dest: str, target: str) -> None:
         shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
 
 
-def remove_bundle(snapshotter: Snapshotter, key: str, bundle: str) -> None:
-    """Unmount everything under the bundle, drop its snapshot, delete the directory."""
+def remove_bundle(snapshotter: Snapshotter, key: str, bundle: str) -> list[str]:
+    """Unmount everything under the bundle, drop its snapshot, delete the directory.
+
+    Returns the dropped snapshot's parent (a chain an image may no longer hold), if any.
+    """
     if os.path.isdir(bundle):
         for mp in mounts_under(bundle):
             unmount(mp, detach=True)
+    parents = []
     with contextlib.suppress(NotFound):
+        parent = snapshotter.stat(key).parent
         snapshotter.remove(key)
+        if parent:
+            parents.append(parent)
     shutil.rmtree(bundle, ignore_errors=True)
+    return parents

@@ -15,6 +15,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.oci.mounts import SandboxFiles
+from pycrid.oci.spec import Namespaces
 from pycrid.runtime.exits import Exit
 from pycrid.store.pods import SandboxRecord
 
@@ -26,10 +27,10 @@ class SandboxRequest:
     id: str
     config: pb.PodSandboxConfig
     #: The sandbox image: its reference, its config (the OCI image config JSON) and
-    #: the chain id of its top layer.
-    image_name: str
-    image_config: dict[str, Any]
-    image_chain_top: str
+    #: the chain id of its top layer (none for a pod without a pause process).
+    image_name: str = ""
+    image_config: dict[str, Any] = field(default_factory=dict)
+    image_chain_top: str = ""
     #: The network namespace to join ("" for the host's).
     netns: str = ""
     #: The runtime handler (RuntimeClass) that runs it ("": the default).
@@ -77,10 +78,6 @@ class SandboxController(abc.ABC):
         """Stop the sandbox's process and release its runtime resources (idempotent)."""
 
     @abc.abstractmethod
-    async def wait(self, sandbox_id: str) -> Exit:
-        """Until the sandbox's process exits."""
-
-    @abc.abstractmethod
     async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus: ...
 
     @abc.abstractmethod
@@ -109,6 +106,11 @@ class SandboxController(abc.ABC):
         """The exit watcher saw the sandbox's process end."""
 
     @abc.abstractmethod
+    def namespaces(self, rec: SandboxRecord) -> Namespaces:
+        """The namespaces the pod's containers join."""
+
+    @abc.abstractmethod
     def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
-        """Which cgroup and which process stand for this pod (see SandboxAnchor). Called
-        from memory-only paths: no runtime calls; at most a small file read."""
+        """Which cgroup and which process of its own stand for this pod (see
+        SandboxAnchor; pid 0 when it has none: the core then names a running container).
+        Called from memory-only paths: no runtime calls; at most a small file read."""

@@ -15,9 +15,7 @@ import contextlib
 import logging
 import os
 import platform
-import shutil
 import signal
-import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,12 +23,11 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument, NotFound, Unimplemented
 from pycrid.faults import failpoint
-from pycrid.images.mount import mount, unmount
-from pycrid.images.snapshots import Mount, Snapshotter
+from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.security import host_security
-from pycrid.oci.spec import CgroupDriver, cgroups_path, sandbox_spec
+from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, sandbox_spec
 from pycrid.runtime.bundle import (
     prepare_rootfs,
     read_etc,
@@ -47,12 +44,11 @@ from pycrid.sandbox.controller import (
     SandboxRequest,
     SandboxStatus,
 )
+from pycrid.sandbox.files import PodFiles
 from pycrid.store.pods import CREATING, SandboxRecord
 
 log = logging.getLogger(__name__)
 
-#: /dev/shm of a pod: one 64 MiB tmpfs shared by its containers (§1.5).
-SHM_OPTIONS = ("nosuid", "nodev", "noexec", "mode=1777", "size=67108864")
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
@@ -63,23 +59,6 @@ def own_oom_score_adj() -> int:
             return int(f.read().strip())
     except (OSError, ValueError):
         return 0
-
-
-def resolv_conf(dns: pb.DNSConfig | None, host_file: str = "/etc/resolv.conf") -> bytes:
-    """§1.5: the host's file when the pod gives no DNS config, else search/nameserver/options."""
-    if dns is None:
-        try:
-            with open(host_file, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return b""
-    lines = []
-    if dns.searches:
-        lines.append("search " + " ".join(dns.searches))
-    lines += [f"nameserver {s}" for s in dns.servers]
-    if dns.options:
-        lines.append("options " + " ".join(dns.options))
-    return "".join(line + "\n" for line in lines).encode()
 
 
 class PauseController(SandboxController):
@@ -94,35 +73,19 @@ class PauseController(SandboxController):
         #: Created sandboxes not started yet, with their handler.
         self._handler_of: dict[str, str] = {}
         self.snapshotter = snapshotter
-        self.root_dir = os.path.join(root_dir, "sandboxes")
-        self.state_dir = os.path.join(state_dir, "sandboxes")
+        self.pod_files = PodFiles(root_dir, state_dir, hosts_file=hosts_file,
+                                  resolv_file=resolv_file)
         self.cgroup_driver = cgroup_driver
-        self.hosts_file = hosts_file
-        self.resolv_file = resolv_file
         self.waiters = ExitWaiters(runtime.exit_of)
         self.min_oom_score_adj = own_oom_score_adj()
         self.host_security = host_security()  # probed once
         self.unset_seccomp_profile = unset_seccomp_profile
-        for d in (self.root_dir, self.state_dir):
-            os.makedirs(d, mode=0o711, exist_ok=True)
-
-    def _files_dir(self, sid: str) -> str:
-        return os.path.join(self.root_dir, sid)
 
     def bundle(self, sid: str) -> str:
-        return os.path.join(self.state_dir, sid)
+        return self.pod_files.bundle(sid)
 
     def files(self, sandbox_id: str) -> SandboxFiles:
-        d = self._files_dir(sandbox_id)
-        shm = os.path.join(self.bundle(sandbox_id), "shm")
-
-        def existing(p: str) -> str | None:
-            return p if os.path.exists(p) else None
-
-        return SandboxFiles(hostname=existing(os.path.join(d, "hostname")),
-                            hosts=existing(os.path.join(d, "hosts")),
-                            resolv_conf=existing(os.path.join(d, "resolv.conf")),
-                            shm=existing(shm))
+        return self.pod_files.files(sandbox_id)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -131,24 +94,8 @@ class PauseController(SandboxController):
 
     def _create(self, req: SandboxRequest) -> None:
         sid, config = req.id, req.config
-        files_dir = self._files_dir(sid)
-        os.makedirs(files_dir, mode=0o755)
-        hostname = config.hostname or socket.gethostname()
-        _write(os.path.join(files_dir, "hostname"), (hostname + "\n").encode())
-        with open(self.hosts_file, "rb") as f:
-            _write(os.path.join(files_dir, "hosts"), f.read())
-        dns = config.dns_config if config.HasField("dns_config") else None
-        _write(os.path.join(files_dir, "resolv.conf"), resolv_conf(dns, self.resolv_file))
-        failpoint("sandbox.files")
-
+        self.pod_files.create(sid, config)
         bundle = self.bundle(sid)
-        os.makedirs(bundle, mode=0o700)
-        if config.linux.security_context.namespace_options.ipc != pb.NODE:
-            shm = os.path.join(bundle, "shm")
-            os.mkdir(shm, 0o700)
-            mount(Mount("tmpfs", "shm", SHM_OPTIONS), shm)
-        failpoint("sandbox.shm")
-
         rootfs = prepare_rootfs(self.snapshotter, sid, req.image_chain_top, bundle)
         failpoint("sandbox.rootfs")
         handler = self.handlers.get(req.runtime_handler)
@@ -185,14 +132,7 @@ class PauseController(SandboxController):
             if await self.waiters.wait(sandbox_id, 30) is None:
                 log.warning("pause process of sandbox %s did not exit 30s after SIGKILL",
                             sandbox_id)
-        shm = os.path.join(self.bundle(sandbox_id), "shm")
-        if os.path.ismount(shm):
-            await asyncio.to_thread(unmount, shm, detach=True)
-
-    async def wait(self, sandbox_id: str) -> Exit:
-        exit_ = await self.waiters.wait(sandbox_id)
-        assert exit_ is not None
-        return exit_
+        await asyncio.to_thread(self.pod_files.release_shm, sandbox_id)
 
     async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus:
         state = await self.runtime.state(sandbox_id)
@@ -220,7 +160,7 @@ class PauseController(SandboxController):
         await self.runtime.delete(sandbox_id)
         await asyncio.to_thread(remove_bundle, self.snapshotter, sandbox_id,
                                 self.bundle(sandbox_id))
-        shutil.rmtree(self._files_dir(sandbox_id), ignore_errors=True)
+        await asyncio.to_thread(self.pod_files.remove, sandbox_id)
         self.runtime.forget_exit(sandbox_id)
 
     def platform(self, sandbox_id: str) -> str:
@@ -232,6 +172,15 @@ class PauseController(SandboxController):
 
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self.waiters.notify(exit_)
+
+    def namespaces(self, rec: SandboxRecord) -> Namespaces:
+        """Everything through the pause's /proc/<pid>/ns (a namespace the pause took from
+        the host is the host's there too)."""
+        def at(kind: str) -> str:
+            return f"/proc/{rec.pid}/ns/{kind}"
+
+        return Namespaces(network=at("net"), ipc=at("ipc"), uts=at("uts"), pid=at("pid"),
+                          user=at("user"))
 
     def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
         """The pause: its cgroup, its pid while it lives, its bundle's spec."""
@@ -258,10 +207,3 @@ def _pid_file(path: str) -> int:
     except (OSError, ValueError):
         return 0
 
-
-def _write(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o644)
-    with contextlib.suppress(OSError):
-        os.chown(path, 0, 0)

@@ -22,8 +22,8 @@ def _sum(values: Sequence[int | None]) -> int | None:
 
 
 def sum_cgroups(members: Sequence[CgroupStats]) -> CgroupStats | None:
-    """Field-wise sum; a field none of the members reports stays unset. A limit is not
-    additive, so the pod's is left unset."""
+    """Field-wise sum of what adds up; a field none of the members reports stays unset.
+    Limits, settings and pressure do not add up, so the pod's are left unset."""
     if not members:
         return None
     return CgroupStats(
@@ -31,8 +31,6 @@ def sum_cgroups(members: Sequence[CgroupStats]) -> CgroupStats | None:
         cpu_user_ns=_sum([m.cpu_user_ns for m in members]),
         cpu_system_ns=_sum([m.cpu_system_ns for m in members]),
         memory_usage=_sum([m.memory_usage for m in members]),
-        memory_limit=None,
-        memory_max_usage=None,
         inactive_file=sum(m.inactive_file for m in members),
         active_file=sum(m.active_file for m in members),
         rss=sum(m.rss for m in members),
@@ -40,7 +38,9 @@ def sum_cgroups(members: Sequence[CgroupStats]) -> CgroupStats | None:
         mapped_file=sum(m.mapped_file for m in members),
         pgfault=sum(m.pgfault for m in members),
         pgmajfault=sum(m.pgmajfault for m in members),
-        pids=_sum([m.pids for m in members]),
+        swap=_sum([m.swap for m in members]),
+        processes=_sum([m.processes for m in members]),
+        threads=_sum([m.threads for m in members]),
     )
 
 

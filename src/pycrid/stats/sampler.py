@@ -42,8 +42,15 @@ class Target:
 
 @dataclass(frozen=True)
 class LayerUsage:
+    """A writable layer's usage, and the filesystem it is on (cAdvisor's container
+    filesystem: its device, size and inodes)."""
+
     used_bytes: int
     inodes_used: int
+    device: str = ""
+    capacity_bytes: int | None = None
+    inodes_total: int | None = None
+    inodes_free: int | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,7 @@ class Sampler:
     def read(self, t: Target) -> Sample:
         path = self._cgroups_path(t)
         mono, wall = time.monotonic_ns(), time.time_ns()
-        cgroup = self.hierarchy.read(path) if path else None
+        cgroup = self.hierarchy.read(path, self._proc) if path else None
         layer = None
         if t.layer_key is not None and self._layer_usage is not None:
             try:

@@ -40,6 +40,9 @@ class SandboxRecord:
     image_name: str = ""
     #: The pod's IPs from CNI, primary first (empty for host-network pods).
     ips: tuple[str, ...] = ()
+    #: What holds the pod's namespaces: "pause" (a pause container, pid above) or
+    #: "pinned" (bind mounts, no process: drop_infra_ctr).
+    controller: str = "pause"
 
     @property
     def ready(self) -> bool:

@@ -64,6 +64,11 @@ PORT_FORWARD_WS_PROTOCOLS: Final[tuple[str, ...]] = (
     PROTOCOL_V4_BASE64_CHANNEL,
 )
 
+#: client-go's port-forward over WebSocket (kubectl's default since 1.31, crictl's
+#: ``port-forward -r websocket``): SPDY tunnelled in binary messages. The API server
+#: accepts it and speaks SPDY on to the kubelet; the kubelet and containerd do not.
+PORT_FORWARD_TUNNEL_PROTOCOL: Final = "SPDY/3.1+" + PORT_FORWARD_SPDY_PROTOCOL
+
 # ---------------------------------------------------------------- channel numbers
 
 # The first three match the POSIX file descriptors, by convention.

@@ -41,7 +41,8 @@ from pycrid.streaming.remotecommand import SPDY_PROTOCOLS, CommandStreams
 from pycrid.streaming.spdy_session import SpdySession, SpdyStream
 from pycrid.streaming.tokens import TokenCache, TooManyRequests
 from pycrid.streaming.transport import Transport
-from pycrid.streaming.ws_session import WebSocketChannel, WebSocketSession
+from pycrid.streaming.websocket import GOING_AWAY, WebSocketEnd
+from pycrid.streaming.ws_session import WebSocketChannel, WebSocketSession, WebSocketTunnel
 
 log = logging.getLogger(__name__)
 
@@ -207,13 +208,9 @@ class StreamServer:
     async def _websocket(self, conn: h11.Connection, transport: Transport,
                          request: h11.Request, stream_request: StreamRequest,
                          query: dict[str, list[str]], trailing: bytes) -> None:
-        ports: list[int] = []
         if isinstance(stream_request, PortForwardRequest):
-            try:
-                ports = channels.parse_ports(query.get("port", []))
-            except ValueError as e:
-                raise HTTPError(400, str(e)) from None
-            supported: Sequence[str] = channels.PORT_FORWARD_WS_PROTOCOLS
+            supported: Sequence[str] = (*channels.PORT_FORWARD_WS_PROTOCOLS,
+                                        channels.PORT_FORWARD_TUNNEL_PROTOCOL)
         else:
             supported = channels.REMOTE_COMMAND_WS_PROTOCOLS
         ws = WSConnection(ConnectionType.SERVER)
@@ -230,8 +227,19 @@ class StreamServer:
                                           (b"content-length", str(len(message)).encode())],
                 has_body=True)) + ws.send(RejectData(data=message)))
             return
+        if chosen == channels.PORT_FORWARD_TUNNEL_PROTOCOL:
+            assert isinstance(stream_request, PortForwardRequest)
+            await transport.send(ws.send(AcceptConnection(subprotocol=chosen)))
+            await self._tunnel(transport, WebSocketEnd(ws), stream_request, trailing)
+            return
+        ports: list[int] = []
+        if isinstance(stream_request, PortForwardRequest):
+            try:
+                ports = channels.parse_ports(query.get("port", []))
+            except ValueError as e:
+                raise HTTPError(400, str(e)) from None
         await transport.send(ws.send(AcceptConnection(subprotocol=chosen or None)))
-        session = WebSocketSession(transport, ws, channels.ChannelCodec(chosen))
+        session = WebSocketSession(transport, WebSocketEnd(ws), channels.ChannelCodec(chosen))
 
         async def serve() -> None:
             if isinstance(stream_request, PortForwardRequest):
@@ -242,9 +250,26 @@ class StreamServer:
                 first = streams.stdout or streams.stderr or streams.error
                 await first.write(b"")  # tells the client the session is ready
                 await remotecommand.run_command(self.runtime, stream_request, streams)
+            # Everything is sent: a Close frame ends every channel for the client, which
+            # counts only that as a normal end (see streaming/websocket.py).
+            await session.close()
 
         try:
             await _while_connected(serve(), session.run(trailing), transport)
+        finally:
+            # Still open here only when the session was cut short (the daemon stops, the
+            # session failed): no status went out, and the code says so.
+            await session.close(GOING_AWAY, "session ended early")
+
+    async def _tunnel(self, transport: Transport, end: WebSocketEnd,
+                      request: PortForwardRequest, trailing: bytes) -> None:
+        """Port-forward as SPDY inside the WebSocket (client-go's WebSocket port-forward):
+        the same session as a SPDY upgrade, reading and writing binary messages."""
+        session = SpdySession(WebSocketTunnel(transport, end, trailing))
+        try:
+            await _while_connected(
+                portforward.serve_spdy(self.runtime, request.sandbox_id, session),
+                session.run(), transport)
         finally:
             await session.close()
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 
 from pycrid.streaming import spdy
-from pycrid.streaming.transport import Inbox, Transport
+from pycrid.streaming.transport import Connection, Inbox
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class SpdySession:
     """A server-side SPDY connection: ``run`` reads it, ``accept`` yields the streams the
     client opens (each already answered with SYN_REPLY, as the kubelet does)."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Connection) -> None:
         self.transport = transport
         self.codec = spdy.SpdyConnection(client=False)
         self.streams: dict[int, SpdyStream] = {}

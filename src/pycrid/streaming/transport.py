@@ -6,6 +6,23 @@ import asyncio
 import collections
 import contextlib
 import time
+from typing import Protocol
+
+
+class Connection(Protocol):
+    """What a session reads and writes: the client's TCP connection (:class:`Transport`),
+    or a tunnel inside a WebSocket on it (``ws_session.WebSocketTunnel``)."""
+
+    @property
+    def closing(self) -> bool: ...
+
+    async def read(self) -> bytes: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class Transport:

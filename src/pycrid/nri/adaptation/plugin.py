@@ -355,7 +355,9 @@ class ConnectedPlugin:
         await asyncio.shield(self._closing)
 
     async def _close(self, reason: str, kind: str) -> None:
-        if reason != "runtime shutting down":
+        if kind == "closed":  # the plugin went away: its own choice, not a fault of ours
+            log.info("NRI plugin %s disconnected: %s", self.name, reason)
+        elif kind != "shutdown":
             log.warning("closing NRI plugin %s: %s", self.name, reason)
         if self.observer is not None:
             self.observer.nri_dropped(self.name, kind)

@@ -1,0 +1,218 @@
+"""Pods without a pause process (CRI-O's ``drop_infra_ctr``).
+
+A pod whose containers do not share a PID namespace needs no process of its
+own: what they share is its network namespace (pinned by the core), and here
+its IPC and UTS namespaces, made by a short-lived thread and pinned with bind
+mounts at ``<state>/sandboxes/<id>/ns/{ipc,uts}`` (CRI-O pins them with
+``pinns``). The hostname and the pod's sysctls are set inside them before they
+are pinned; the pod's containers join them by path. No conmon, no runc.
+
+The pod still gets an (empty) cgroup of its own under its cgroup parent, as
+CRI-O makes one for a pod whose infra container it dropped: node agents that
+know pods by their sandbox cgroup (the kubelet's cAdvisor) find it there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid import pins
+from pycrid.errors import Internal, InvalidArgument, Unimplemented
+from pycrid.faults import failpoint
+from pycrid.oci.mounts import SandboxFiles
+from pycrid.oci.security import sysctl_namespace
+from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, pod_sysctls
+from pycrid.runtime.exits import Exit
+from pycrid.sandbox.controller import (
+    SandboxAnchor,
+    SandboxController,
+    SandboxRequest,
+    SandboxStatus,
+)
+from pycrid.sandbox.files import PodFiles
+from pycrid.stats.cgroups import Hierarchy, relative_cgroup
+from pycrid.store.pods import SandboxRecord
+
+log = logging.getLogger(__name__)
+
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+#: What the controller is about to make (pins and cgroup directories), written before it
+#: makes any of it: a shutdown, also after a crash half-way, knows what to take down.
+_LAYOUT = "sandbox.json"
+#: Present once the pod is stopped (a pod sharing every namespace with the host has
+#: nothing pinned that could tell).
+_STOPPED = "stopped"
+
+
+def _sethostname(name: str) -> None:
+    try:
+        socket.sethostname(name)
+    except OSError as e:
+        raise Internal(f"sethostname {name!r}: {e.strerror}") from None
+
+
+class PinnedController(SandboxController):
+    def __init__(self, *, root_dir: str, state_dir: str, cgroups: Hierarchy,
+                 cgroup_driver: CgroupDriver = "cgroupfs", hosts_file: str = "/etc/hosts",
+                 resolv_file: str = "/etc/resolv.conf") -> None:
+        self.pod_files = PodFiles(root_dir, state_dir, hosts_file=hosts_file,
+                                  resolv_file=resolv_file)
+        self.cgroups = cgroups
+        self.cgroup_driver = cgroup_driver
+
+    # ---- where things are ---------------------------------------------------------------
+
+    def _pin(self, sid: str, kind: str) -> str:
+        return os.path.join(self.pod_files.bundle(sid), "ns", kind)
+
+    def _pins(self, config: pb.PodSandboxConfig, sid: str) -> dict[str, str]:
+        """The namespaces this pod gets of its own: IPC unless it uses the host's, UTS
+        unless it uses the host's network (and so the node's hostname)."""
+        opts = config.linux.security_context.namespace_options
+        kinds = [k for k, host in (("ipc", opts.ipc == pb.NODE), ("uts", opts.network == pb.NODE))
+                 if not host]
+        return {k: self._pin(sid, k) for k in kinds}
+
+    def _cgroup_dirs(self, config: pb.PodSandboxConfig, sid: str) -> list[str]:
+        """The pod's cgroup in every mounted hierarchy (none with the systemd driver: a
+        cgroup there belongs to systemd, and a process-less scope cannot exist)."""
+        if self.cgroup_driver == "systemd":
+            return []
+        rel = relative_cgroup(cgroups_path(config.linux.cgroup_parent, sid, self.cgroup_driver))
+        if rel is None:
+            return []
+        mounts = sorted(set(self.cgroups.v1.values()))
+        if self.cgroups.unified is not None:
+            mounts.append(self.cgroups.unified)
+        return [os.path.join(m, rel) for m in mounts]
+
+    def files(self, sandbox_id: str) -> SandboxFiles:
+        return self.pod_files.files(sandbox_id)
+
+    def namespaces(self, rec: SandboxRecord) -> Namespaces:
+        pinned = self._pins(rec.config, rec.id)
+        return Namespaces(network=rec.netns or None, ipc=pinned.get("ipc"),
+                          uts=pinned.get("uts"))
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def create(self, req: SandboxRequest) -> None:
+        await asyncio.to_thread(self._create, req)
+
+    def _create(self, req: SandboxRequest) -> None:
+        sid, config = req.id, req.config
+        self.pod_files.create(sid, config)
+        sysctls = pod_sysctls(config)
+        ipc = {k: v for k, v in sysctls.items() if sysctl_namespace(k) == "ipc"}
+        net = {k: v for k, v in sysctls.items() if sysctl_namespace(k) == "net"}
+        pinned = self._pins(config, sid)
+        cgroup_dirs = self._cgroup_dirs(config, sid)
+        with open(os.path.join(self.pod_files.bundle(sid), _LAYOUT), "w") as f:
+            json.dump({"pins": pinned, "cgroups": cgroup_dirs}, f)
+
+        def inside() -> None:
+            if "uts" in pinned and config.hostname:
+                _sethostname(config.hostname)
+            pins.write_sysctls(ipc)
+
+        if pinned:
+            pins.pin_new(pinned, inside)
+        failpoint("sandbox.pinned")
+        if net and req.netns:
+            def in_netns() -> None:
+                pins.setns(req.netns, "net")
+                pins.write_sysctls(net)
+
+            pins.in_own_thread(in_netns, "netns-sysctl")
+        for d in cgroup_dirs:
+            os.makedirs(d, exist_ok=True)
+        failpoint("sandbox.cgroup")
+
+    async def start(self, sandbox_id: str) -> int:
+        return 0  # nothing runs: the pins hold the namespaces
+
+    async def stop(self, sandbox_id: str, grace: float = 0) -> None:
+        """The pod's containers are gone: release its IPC/UTS namespaces and /dev/shm
+        (CRI-O drops the pinned namespaces at stop too)."""
+        await asyncio.to_thread(self._stop, sandbox_id)
+
+    def _stop(self, sid: str) -> None:
+        bundle = self.pod_files.bundle(sid)
+        if os.path.isdir(bundle):
+            with open(os.path.join(bundle, _STOPPED), "w"):
+                pass
+        for kind in ("ipc", "uts"):
+            pins.unpin(self._pin(sid, kind))
+        self.pod_files.release_shm(sid)
+
+    def _layout(self, sid: str) -> dict[str, Any] | None:
+        try:
+            with open(os.path.join(self.pod_files.bundle(sid), _LAYOUT)) as f:
+                layout: dict[str, Any] = json.load(f)
+                return layout
+        except (OSError, ValueError):
+            return None
+
+    def _state(self, sid: str) -> str:
+        """running until stopped, while every namespace pinned at create still is."""
+        layout = self._layout(sid)
+        if layout is None or os.path.exists(os.path.join(self.pod_files.bundle(sid), _STOPPED)):
+            return "stopped"
+        pinned = layout.get("pins") or {}
+        return "running" if all(pins.is_pinned(p) for p in pinned.values()) else "stopped"
+
+    async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus:
+        return self.recovered_status(sandbox_id, {})
+
+    def recovered_status(self, sandbox_id: str,
+                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+        return SandboxStatus(sandbox_id, 0, self._state(sandbox_id))
+
+    async def shutdown(self, sandbox_id: str) -> None:
+        await asyncio.to_thread(self._shutdown, sandbox_id)
+
+    def _shutdown(self, sid: str) -> None:
+        layout = self._layout(sid) or {}
+        self._stop(sid)
+        for d in layout.get("cgroups") or ():  # empty: its containers' are gone by now
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                if e.errno != errno.EBUSY:
+                    raise
+                log.warning("pod cgroup %s still in use; left in place", d)
+        self.pod_files.remove(sid)
+        shutil.rmtree(self.pod_files.bundle(sid), ignore_errors=True)
+
+    def platform(self, sandbox_id: str) -> str:
+        machine = platform.machine()
+        return f"linux/{_ARCH.get(machine, machine)}"
+
+    async def update(self, sandbox_id: str, resources: pb.LinuxContainerResources) -> None:
+        raise Unimplemented("updating pod sandbox resources is not supported yet")
+
+    def exited(self, sandbox_id: str, exit_: Exit) -> None:
+        pass  # no process, no exit
+
+    def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
+        """Its empty cgroup (none with the systemd driver), and no process of its own: the
+        core lets a running container of the pod stand in (core/anchors.py)."""
+        try:
+            made = bool(self._cgroup_dirs(sandbox.config, sandbox.id))
+            path = (cgroups_path(sandbox.config.linux.cgroup_parent, sandbox.id,
+                                 self.cgroup_driver) if made else "")
+        except InvalidArgument:  # a parent that does not fit the driver: none was made
+            path = ""
+        return SandboxAnchor(cgroups_path=path, pid=0, spec="")

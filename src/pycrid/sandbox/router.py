@@ -1,0 +1,76 @@
+"""Each pod's sandbox controller, chosen by its record: a pause container, or pinned
+namespaces (a pod without a pause process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid.oci.mounts import SandboxFiles
+from pycrid.oci.spec import Namespaces
+from pycrid.runtime.exits import Exit
+from pycrid.sandbox.controller import (
+    SandboxAnchor,
+    SandboxController,
+    SandboxRequest,
+    SandboxStatus,
+)
+from pycrid.store.pods import SandboxRecord
+
+#: The controller of pods recorded before pods could have another.
+DEFAULT = "pause"
+
+
+class SandboxRouter(SandboxController):
+    def __init__(self, controllers: Mapping[str, SandboxController],
+                 kind_of: Callable[[str], str | None]) -> None:
+        self.controllers = dict(controllers)
+        #: The controller a pod's record names (None: no record, e.g. an orphan).
+        self.kind_of = kind_of
+
+    def _of(self, sid: str) -> SandboxController:
+        return self.controllers[self.kind_of(sid) or DEFAULT]
+
+    async def create(self, req: SandboxRequest) -> None:
+        await self._of(req.id).create(req)
+
+    async def start(self, sandbox_id: str) -> int:
+        return await self._of(sandbox_id).start(sandbox_id)
+
+    async def stop(self, sandbox_id: str, grace: float = 0) -> None:
+        await self._of(sandbox_id).stop(sandbox_id, grace)
+
+    async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus:
+        return await self._of(sandbox_id).status(sandbox_id, verbose)
+
+    def recovered_status(self, sandbox_id: str,
+                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+        return self._of(sandbox_id).recovered_status(sandbox_id, runtime_states)
+
+    async def shutdown(self, sandbox_id: str) -> None:
+        """By the pod's own controller; an id without a record by every controller (each
+        shutdown is idempotent and ignores what it did not make)."""
+        kind = self.kind_of(sandbox_id)
+        for name, controller in self.controllers.items():
+            if kind is None or name == kind:
+                await controller.shutdown(sandbox_id)
+
+    def platform(self, sandbox_id: str) -> str:
+        return self._of(sandbox_id).platform(sandbox_id)
+
+    async def update(self, sandbox_id: str, resources: pb.LinuxContainerResources) -> None:
+        await self._of(sandbox_id).update(sandbox_id, resources)
+
+    def files(self, sandbox_id: str) -> SandboxFiles:
+        return self._of(sandbox_id).files(sandbox_id)
+
+    def exited(self, sandbox_id: str, exit_: Exit) -> None:
+        self._of(sandbox_id).exited(sandbox_id, exit_)
+
+    def namespaces(self, rec: SandboxRecord) -> Namespaces:
+        return self.controllers[rec.controller].namespaces(rec)
+
+    def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
+        return self.controllers[sandbox.controller].anchor(sandbox)
