@@ -127,6 +127,37 @@ def test_pods_and_containers_as_containerd_records_them(daemon: Daemon) -> None:
         pods.cleanup()
 
 
+def test_a_pod_without_a_pause(daemon: Daemon) -> None:
+    """drop_infra_ctr: the pod's cgroup is empty, and a running container of the pod stands
+    in as its process (the pid cAdvisor reads the pod's network counters from)."""
+    pods = Pods(daemon.client)
+    api = Containerd(containerd_socket(daemon.extra["base"]))
+    pod = pod_config("pinned", labels={"io.kubernetes.pod.name": "pinned"})
+    pod.linux.security_context.namespace_options.pid = pb.CONTAINER
+    try:
+        sid = pods.run(pod)
+        assert json.loads(pods.pod_status(sid, verbose=True).info["info"])["pid"] == 0
+        sandbox = api.container(sid)
+        assert sandbox.labels["io.cri-containerd.kind"] == "sandbox"
+        assert json.loads(sandbox.spec.value) == {}  # no process, no spec of its own
+        assert os.path.isdir(f"/sys/fs/cgroup/memory/k8s.io/{sid}")  # what cAdvisor sees
+        assert "no running task" in _not_found(api.task, sid)  # nothing runs yet
+
+        app_config = container_config(daemon.extra["busybox"], "app", command=["sleep", "1000"])
+        app_config.linux.security_context.namespace_options.pid = pb.CONTAINER
+        cid = pods.run_container(sid, app_config, pod)
+        app = api.task(cid)
+        stand_in = api.task(sid)
+        assert (stand_in.status, stand_in.pid) == (task_pb2.RUNNING, app.pid)
+        with open(f"/proc/{stand_in.pid}/net/dev") as f:
+            assert "eth0:" in f.read()
+        pods.stop(cid)
+        assert "no running task" in _not_found(api.task, sid)
+    finally:
+        api.channel.close()
+        pods.cleanup()
+
+
 def _warnings(d: Daemon) -> list[str]:
     info = d.client.runtime.Status(pb.StatusRequest(verbose=True), timeout=10).info
     found: list[str] = json.loads(info["warnings"])

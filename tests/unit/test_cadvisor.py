@@ -3,6 +3,7 @@ and the pause controller's anchor (pycrid/cadvisor, sandbox/pause.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,9 +16,13 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.cadvisor import filters, objects
 from pycrid.cadvisor.proto import containers_pb2, task_pb2, tasks_pb2, version_pb2
 from pycrid.cadvisor.view import ContainerdView
+from pycrid.core.anchors import PodAnchors
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.sandbox.pause import PauseController
+from pycrid.sandbox.pinned import PinnedController
+from pycrid.sandbox.router import SandboxRouter
+from pycrid.stats.cgroups import Hierarchy
 from pycrid.store.db import Database
 from pycrid.store.pods import ContainerRecord, SandboxRecord, container_store, sandbox_store
 
@@ -263,3 +268,47 @@ def test_pause_anchor(tmp_path: Path) -> None:
     # A parent that does not fit the driver names no cgroup instead of failing the caller.
     rec.config.linux.cgroup_parent = "kubepods.slice"
     assert ctl.anchor(rec).cgroups_path == ""
+
+
+# ---- which process stands for a pod (core/anchors.py), by controller ----------------
+
+
+class _Controller:
+    """A sandbox controller that has no process of its own for the pod."""
+
+    def anchor(self, rec: SandboxRecord) -> SandboxAnchor:
+        return SandboxAnchor(cgroups_path=f"/k8s.io/{rec.id}", pid=0, spec="")
+
+
+def test_a_pod_without_a_process_takes_a_running_containers_pid(tmp_path: Path) -> None:
+    db = Database(str(tmp_path / "db.sqlite"))
+    ctrs = container_store(db)
+    anchors = PodAnchors(controller=_Controller(), containers=ctrs)  # type: ignore[arg-type]
+    pod = sandbox(pid=0, controller="pinned")
+    assert anchors.of(pod).pid == 0  # nothing runs yet
+    ctrs.put(container(pid=4300, started_at=0))  # created, not started
+    ctrs.put(dataclasses.replace(container(), id="e" * 64, pid=0, finished_at=9))  # exited
+    ctrs.put(dataclasses.replace(container(), id="f" * 64, sandbox_id="other", pid=99))
+    assert anchors.of(pod).pid == 0
+    ctrs.update(CID, started_at=2)
+    got = anchors.of(pod)
+    assert (got.pid, got.cgroups_path) == (4300, f"/k8s.io/{SID}")
+    assert anchors.of(sandbox(phase="notready", pid=0, controller="pinned")).pid == 0
+
+
+def test_the_pinned_controllers_anchor(tmp_path: Path) -> None:
+    rec = sandbox(pid=0, controller="pinned")
+    rec.config.linux.cgroup_parent = "/kubepods/besteffort/podu1"
+    cgroupfs = PinnedController(root_dir=str(tmp_path / "r"), state_dir=str(tmp_path / "s"),
+                                cgroups=Hierarchy(v1={"memory": "/sys/fs/cgroup/memory"}))
+    assert cgroupfs.anchor(rec) == SandboxAnchor(
+        cgroups_path=f"/kubepods/besteffort/podu1/{SID}", pid=0, spec="")
+    # With systemd it makes no cgroup (a scope needs a process): none stands for the pod.
+    systemd = PinnedController(root_dir=str(tmp_path / "r"), state_dir=str(tmp_path / "s"),
+                               cgroups=Hierarchy(v1={"memory": "/sys/fs/cgroup/memory"}),
+                               cgroup_driver="systemd")
+    rec.config.linux.cgroup_parent = "kubepods-besteffort-podu1.slice"
+    assert systemd.anchor(rec).cgroups_path == ""
+    router = SandboxRouter({"pinned": cgroupfs}, lambda sid: "pinned")
+    rec.config.linux.cgroup_parent = "/kubepods"
+    assert router.anchor(rec).cgroups_path == f"/kubepods/{SID}"
