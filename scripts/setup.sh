@@ -65,12 +65,7 @@ if [ "$mode" = serve ]; then
   # A pod network when the node has none: bridge + host-local + portmap on 10.88.0.0/16,
   # with no IP masquerade and no default route in pods, so pod traffic stays on this
   # host until the operator changes the file. (The tests bring their own networks.)
-  conf_dir=/etc/cni/net.d
-  if ! ls "$conf_dir"/*.conf "$conf_dir"/*.conflist "$conf_dir"/*.json >/dev/null 2>&1; then
-    install -d -m 0755 "$conf_dir"
-    install -m 0644 contrib/cni/10-pycrid-net.conflist "$conf_dir/"
-    echo "installed the default pod network: $conf_dir/10-pycrid-net.conflist"
-  fi
+  scripts/default-cni.sh /etc/cni/net.d
   exec .venv/bin/pycrid serve "$@"
 fi
 exec scripts/test.sh "$@"

@@ -135,6 +135,9 @@ async def _init_runtime_config(ctx: InitContext) -> Any:
 
 async def _init_nri_config(ctx: InitContext) -> Any:
     # containerd's io.containerd.nri.v1.nri section; the CRI plugin builds NRI from it.
+    from pycrid.nri.adaptation.adaptation import check_socket_free
+
+    check_socket_free(ctx.config)
     return ctx.config
 
 

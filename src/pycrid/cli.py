@@ -72,8 +72,7 @@ def _client(args: argparse.Namespace) -> int:
             address = load(default_config_path(args.config),
                            registry().registrations()).config.grpc.address
         except ConfigError as e:
-            print(f"pycrid: invalid configuration: {e}", file=sys.stderr)
-            return status.UNREACHABLE
+            return status.unreachable(f"invalid configuration: {e}", args.json)
     if args.command == "status":
         return status.status(address, args.json)
     return status.nri_plugins(address, args.json)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import signal
-import socket
 from typing import Any
 
 import grpc
@@ -21,65 +18,40 @@ from pycrid.config.loader import LoadedConfig
 from pycrid.config.schema import GrpcConfig
 from pycrid.errors import FailedPrecondition
 from pycrid.metrics import Metrics
+from pycrid.pathlock import PathLock
 from pycrid.plugin.registry import init_all
 from pycrid.sdnotify import Notifier
+from pycrid.unixsock import SocketFile, check_free, publish
 
 log = logging.getLogger("pycrid")
+
+
+CRI_SOCKET_HINT = "choose another --address ([grpc] address)"
 
 
 def socket_path(address: str) -> str:
     return address[len("unix://"):] if address.startswith("unix://") else address
 
 
-class SocketLock:
-    """Holds ``<socket>.lock`` for the daemon's lifetime, so a second daemon is refused.
+#: The lock file in the root and in the state directory (the CRI socket's is
+#: ``<socket>.lock``).
+LOCK_NAME = "pycrid.lock"
 
-    With the lock held, a socket file left by a daemon that died is stale and is replaced.
-    """
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        _make_dir(os.path.dirname(self.path), 0o711, "the CRI socket directory",
-                  "choose another --address ([grpc] address)")
-        try:
-            fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise FailedPrecondition(
-                f"cannot create {self.path}.lock beside the CRI socket: {e.strerror}; the "
-                "directory must be writable by root (or choose another --address)") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise FailedPrecondition(
-                    f"another pycrid is already serving {self.path} (lock {self.path}.lock is "
-                    "held); stop it first or choose another --address") from None
-            raise
-        self._fd = fd
-        if os.path.exists(self.path):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(self.path)
-            except OSError:
-                log.info("replacing stale socket %s", self.path)
-                os.unlink(self.path)
-            else:
-                raise FailedPrecondition(
-                    f"{self.path} is served by another process (not a pycrid holding the "
-                    "lock); refusing to replace it")
-            finally:
-                probe.close()
-
-    def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-            os.close(self._fd)
-            self._fd = None
+def node_locks(root: str, state: str, socket: str) -> list[PathLock]:
+    """The locks that make this daemon the only one using its root, state and CRI socket
+    (one file per distinct path: root and state may be the same directory)."""
+    wanted = [
+        (os.path.join(root, LOCK_NAME), f"the root directory {root}",
+         "choose another --root (root)"),
+        (os.path.join(state, LOCK_NAME), f"the state directory {state}",
+         "choose another --state (state)"),
+        (socket + ".lock", f"the CRI socket {socket}", CRI_SOCKET_HINT),
+    ]
+    locks: dict[str, PathLock] = {}
+    for path, what, hint in wanted:
+        locks.setdefault(os.path.realpath(path), PathLock(path, what=what, hint=hint))
+    return list(locks.values())
 
 
 def _make_dir(path: str, mode: int, what: str, hint: str) -> None:
@@ -123,8 +95,19 @@ async def serve(loaded: LoadedConfig) -> None:
     _make_dir(cfg.root, 0o700, "the root directory", "set root (--root) to a writable path")
     _make_dir(cfg.state, 0o711, "the state directory", "set state (--state) to a writable path")
     path = socket_path(cfg.grpc.address)
-    lock = SocketLock(path)
-    lock.acquire()
+    _make_dir(os.path.dirname(path), 0o711, "the CRI socket directory", CRI_SOCKET_HINT)
+    with contextlib.ExitStack() as held:
+        for lock in node_locks(cfg.root, cfg.state, path):
+            lock.acquire()
+            held.callback(lock.release)
+        # Before any plugin starts: a foreign server on the socket stops us at once.
+        check_free(path, what="the CRI socket", hint=CRI_SOCKET_HINT)
+        await _serve_locked(loaded, notifier, path)
+    log.info("stopped")
+
+
+async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> None:
+    cfg = loaded.config
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -132,6 +115,7 @@ async def serve(loaded: LoadedConfig) -> None:
     plugins = None
     ready = False
     server: grpc.aio.Server | None = None
+    cri_socket: SocketFile | None = None
     services: dict[str, Any] = {}
     metrics = Metrics()
     metrics_server: Any = None
@@ -157,13 +141,11 @@ async def serve(loaded: LoadedConfig) -> None:
         services = plugins.get_by_type(GRPC)
         for svc in services.values():
             svc.register(server)
-        old_umask = os.umask(0o117)  # the socket is born 0660
-        try:
-            server.add_insecure_port(f"unix://{path}")
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o660)
-        os.chown(path, cfg.grpc.uid, cfg.grpc.gid)
+        grpc_server = server
+        cri_socket = publish(
+            path, lambda tmp: _add_unix_port(grpc_server, tmp), what="the CRI socket",
+            hint=CRI_SOCKET_HINT, mode=0o660,
+            uid=cfg.grpc.uid, gid=cfg.grpc.gid)
         cri_cfg = loaded.plugins.get(f"{GRPC}.cri")
         if cri_cfg is not None and not cri_cfg.disable_tcp_service:
             if not cfg.grpc.tcp_address:
@@ -198,7 +180,12 @@ async def serve(loaded: LoadedConfig) -> None:
             await plugins.close()
         if tracer is not None:
             tracer.shutdown()  # flushes the spans still batched
-        lock.release()
+        if cri_socket is not None:
+            cri_socket.remove()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    log.info("stopped")
+
+
+def _add_unix_port(server: grpc.aio.Server, path: str) -> None:
+    if not server.add_insecure_port(f"unix://{path}"):  # older grpcio: 0 instead of raising
+        raise FailedPrecondition(f"cannot listen on {path}")

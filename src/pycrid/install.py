@@ -8,6 +8,8 @@ import shutil
 import sys
 
 UNIT_NAME = "pycrid.service"
+#: Where the template's ExecStart names the executable.
+PLACEHOLDER = "@PYCRID@"
 
 
 def _own_executable() -> str | None:
@@ -27,7 +29,9 @@ def render_unit(executable: str) -> str:
     from importlib.resources import files
 
     template = (files("pycrid") / "data" / UNIT_NAME).read_text()
-    return template.replace("@PYCRID@", executable)
+    # Only ExecStart names the executable; the placeholder anywhere else is a template bug.
+    assert template.count(PLACEHOLDER) == 1 and f"ExecStart={PLACEHOLDER} " in template
+    return template.replace(PLACEHOLDER, executable)
 
 
 def install_service(unit_dir: str, executable: str | None, *, force: bool) -> int:

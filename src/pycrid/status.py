@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -24,7 +27,7 @@ class Report:
 
 
 def ask(socket_path: str, timeout: float = 10) -> Report:
-    """One Version and one verbose Status call; Unreachable names the socket."""
+    """One Version and one verbose Status call; Unreachable says, in words, why not."""
     import grpc
     from cri_api.v1 import api_pb2 as pb
     from cri_api.v1 import api_pb2_grpc as pb_grpc
@@ -36,8 +39,11 @@ def ask(socket_path: str, timeout: float = 10) -> Report:
             ver = stub.Version(pb.VersionRequest(), timeout=timeout)
             st = stub.Status(pb.StatusRequest(verbose=True), timeout=timeout)
     except grpc.RpcError as e:
-        raise Unreachable(f"cannot reach pycrid on {path}: {e.code().name}: "
-                          f"{e.details()}") from None
+        why = why_unreachable(path)
+        if why:
+            raise Unreachable(f"nothing answers at {path}: {why}") from None
+        raise Unreachable(f"{path} accepts connections but the CRI call failed: "
+                          f"{e.code().name}: {e.details()}") from None
     info: dict[str, Any] = {}
     for key, text in st.info.items():
         try:
@@ -52,6 +58,38 @@ def ask(socket_path: str, timeout: float = 10) -> Report:
         info=info)
 
 
+def why_unreachable(path: str) -> str:
+    """Why a client cannot talk to ``path``, from a plain connect ("" when it connects):
+    gRPC's own error chain says none of this."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ("no such file (pycrid is not running, or runs with another --address; "
+                "pass --address or --config to ask that one)")
+    except PermissionError:
+        return "permission denied on its directory (run as root)"
+    except OSError as e:
+        return e.strerror or str(e)
+    if not stat.S_ISSOCK(st.st_mode):
+        return "it is not a socket"
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(5)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return ("connection refused (the socket file is there but no process listens on it: "
+                "the daemon stopped or died)")
+    except PermissionError:
+        return ("permission denied (the socket is mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, owner {st.st_uid}, group {st.st_gid}: run "
+                "as root or as a member of that group, [grpc] gid)")
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        probe.close()
+    return ""
+
+
 def _ready(report: Report) -> bool:
     want = {"RuntimeReady", "NetworkReady"}
     return all(c["status"] for c in report.conditions if c["type"] in want) and want <= {
@@ -63,20 +101,32 @@ def _short(counts: dict[str, int], prefix: str) -> str:
                      for state, n in counts.items())
 
 
-def _asked(socket_path: str) -> tuple[Report, dict[str, Any]] | None:
-    """The report and its ``nri`` part; None (said on stderr) when unreachable."""
+def _asked(socket_path: str, as_json: bool,
+           out: TextIO) -> tuple[Report, dict[str, Any]] | None:
+    """The report and its ``nri`` part; None when unreachable, said on stderr (or as
+    ``{"ready": false, "error": ...}`` on ``out`` for --json)."""
     try:
         report = ask(socket_path)
     except Unreachable as e:
-        print(f"pycrid: {e}", file=sys.stderr)
+        unreachable(str(e), as_json, out)
         return None
     return report, report.info.get("nri") or {"enabled": False, "socket": "", "plugins": []}
+
+
+def unreachable(message: str, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """Say that the daemon could not be asked; --json keeps stdout JSON."""
+    if as_json:
+        json.dump({"ready": False, "error": message}, out, sort_keys=True)
+        out.write("\n")
+    else:
+        print(f"pycrid: {message}", file=sys.stderr)
+    return UNREACHABLE
 
 
 def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
     """The whole picture; exit 0 only when RuntimeReady and NetworkReady are true (a health
     check), 1 when one is not, 2 when the daemon cannot be asked."""
-    asked = _asked(socket_path)
+    asked = _asked(socket_path, as_json, out)
     if asked is None:
         return UNREACHABLE
     report, nri = asked
@@ -175,7 +225,7 @@ def plugin_totals(plugin: dict[str, Any]) -> tuple[int, int, float]:
 
 
 def nri_plugins(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
-    asked = _asked(socket_path)
+    asked = _asked(socket_path, as_json, out)
     if asked is None:
         return UNREACHABLE
     nri = asked[1]

@@ -65,7 +65,8 @@ def test_second_daemon_on_same_socket_is_refused(tmp_path: Path) -> None:
             serve_command(None, str(other / "root"), str(other / "state"), d.address),
             capture_output=True, text=True, timeout=60)
         assert proc.returncode == 1
-        assert "another pycrid is already serving" in proc.stderr
+        assert (f"the CRI socket {d.address} is in use by another pycrid (pid {d.proc.pid} "
+                f"holds the lock {d.address}.lock)") in proc.stderr
         # The first one is untouched.
         assert d.client.runtime.Version(pb.VersionRequest(), timeout=5).runtime_name == "pycrid"
 
@@ -114,6 +115,23 @@ def test_invalid_config_stops_startup_naming_the_key(tmp_path: Path, config: str
     assert key in proc.stderr
     assert "invalid configuration" in proc.stderr
     assert not (tmp_path / "s" / "x.sock").exists()
+
+
+def test_every_invalid_value_is_reported_in_one_start(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('version = 2\n[debug]\nformat = "xml"\n'
+                    '[plugins."pycrid.cri.v1.images"]\nmax_concurrent_downloads = -1\n'
+                    '[plugins."pycrid.cri.v1.runtime"]\ncgroup_drivr = "systemd"\n')
+    proc = subprocess.run(
+        serve_command(str(path), str(tmp_path / "r"), str(tmp_path / "s"),
+                      str(tmp_path / "s" / "x.sock")),
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "invalid configuration: 2 errors:" in proc.stderr
+    assert "config key debug.format: must be one of" in proc.stderr
+    assert ('config key plugins."pycrid.cri.v1.images".max_concurrent_downloads: must be at '
+            "least 1") in proc.stderr
+    assert "cgroup_drivr (ignored; did you mean `cgroup_driver`?)" in proc.stderr
 
 
 def test_json_logs_and_sigint(tmp_path: Path) -> None:

@@ -40,6 +40,11 @@ def test_install_service_writes_the_unit(tmp_path: Path) -> None:
                  "After=network.target local-fs.target", "WantedBy=multi-user.target"):
         assert want in lines, want
     assert "@PYCRID@" not in unit
+    # The path is in ExecStart and nowhere else (not in a comment, where it made no sense).
+    assert [line for line in unit.splitlines() if exe in line] == [f"ExecStart={exe} serve"]
+    assert unit.startswith("# pycrid, a Kubernetes CRI runtime. Written by `pycrid "
+                           "install-service`, which puts\n# the absolute path of the pycrid "
+                           "executable in ExecStart.\n")
 
     again = _install(tmp_path)
     assert again.returncode == 0 and "already up to date" in again.stdout

@@ -41,6 +41,7 @@ from tests.support.pods import (
     daemon_config,
     leftovers,
     pod_config,
+    wait_for,
 )
 from tests.support.registry import LocalRegistry
 
@@ -110,8 +111,9 @@ class Scenario:
         if self.op == "StopContainer":
             # Ignores SIGTERM, so the daemon dies inside the grace period and the retried
             # stop has to SIGKILL.
+            # /tmp/ignoring says the trap is in place (see ``prepare``).
             return container_config(self.busybox, name, command=[
-                "sh", "-c", "trap '' TERM; sleep 3600 & wait"])
+                "sh", "-c", "trap '' TERM; touch /tmp/ignoring; sleep 3600 & wait"])
         if self.op == "CreateContainer":
             # With an image volume (its own mount and snapshot view) to clean up too.
             return container_config(self.busybox, name, command=["sleep", "3600"], mounts=[
@@ -140,6 +142,10 @@ class Scenario:
             return w
         pods.start(w.cid)
         w.containers[w.cid] = pb.CONTAINER_RUNNING
+        if self.op == "StopContainer":
+            # A SIGTERM that came before the shell's trap would end it at once.
+            wait_for(lambda: pods.exec(w.cid, ["test", "-e", "/tmp/ignoring"]).exit_code == 0,
+                     10, "the container to ignore SIGTERM")
         if self.op == "RemoveContainer":
             pods.stop(w.cid)
             w.containers[w.cid] = pb.CONTAINER_EXITED

@@ -101,6 +101,74 @@ def test_invalid_values_name_the_key(tmp_path: Path, body: str, key: str, reason
     assert key in str(e.value)
 
 
+RUNTIME = 'plugins."pycrid.cri.v1.runtime"'
+NRI = 'plugins."pycrid.nri.v1.nri"'
+
+
+def test_every_invalid_value_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(tmp_path, f"""
+version = 2
+root = 5
+[debug]
+level = "chatty"
+format = "xml"
+[{IMAGES}]
+max_concurrent_downloads = 0
+[{NRI}]
+plugin_request_timeout = "soon"
+plugin_request_timeouts = {{ a = "1s", b = "never", c = -1 }}
+""")
+    with pytest.raises(ConfigError) as e:
+        load(path, REGS)
+    keys = [k for k, _ in e.value.problems]
+    assert keys == ["root", "debug.level", "debug.format", f"{IMAGES}.max_concurrent_downloads",
+                    f"{NRI}.plugin_request_timeout", f"{NRI}.plugin_request_timeouts.b",
+                    f"{NRI}.plugin_request_timeouts.c"]
+    text = str(e.value)
+    assert text.startswith("7 errors:\n  config key root: must be a string")
+    for key in keys:
+        assert f"\n  config key {key}: " in text
+    assert e.value.key == "root"  # the first, for callers that name one
+
+
+def test_every_bad_item_of_a_list_is_reported(tmp_path: Path) -> None:
+    path = write(tmp_path, 'version = 2\ndisabled_plugins = [1, "ok", true]\n')
+    with pytest.raises(ConfigError) as e:
+        load(path, REGS)
+    assert [k for k, _ in e.value.problems] == ["disabled_plugins[0]", "disabled_plugins[2]"]
+
+
+def test_unknown_keys_name_the_closest_known_key(tmp_path: Path) -> None:
+    path = write(tmp_path, f"""
+version = 2
+bogus = 1
+[grpc]
+adress = "/x"
+[{RUNTIME}]
+cgroup_drivr = "cgroupfs"
+[plugins."pycrid.cri.v1.image"]
+sandbox_image = "x"
+""")
+    warnings = load(path, REGS).warnings
+    assert "unknown config key bogus (ignored)" in warnings
+    assert "unknown config key grpc.adress (ignored; did you mean `address`?)" in warnings
+    assert (f"unknown config key {RUNTIME}.cgroup_drivr (ignored; did you mean "
+            "`cgroup_driver`?)") in warnings
+    assert ('unknown config section plugins."pycrid.cri.v1.image" (no such plugin; ignored; '
+            'did you mean plugins."pycrid.cri.v1.images"?)') in warnings
+
+
+def test_an_invalid_file_also_names_its_unknown_keys(tmp_path: Path) -> None:
+    # The misspelt key is why the intended value never applied: say both at once.
+    path = write(tmp_path, 'version = 2\n[debug]\nlevel = "chatty"\nformt = "json"\n')
+    with pytest.raises(ConfigError) as e:
+        load(path, REGS)
+    assert str(e.value) == (
+        "config key debug.level: must be one of 'debug', 'info', 'warning', 'error' "
+        "(got 'chatty')\n  also: unknown config key debug.formt (ignored; did you mean "
+        "`format`?)")
+
+
 def test_bad_toml_and_versions(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid TOML"):
         load(write(tmp_path, "version = = 2"), REGS)

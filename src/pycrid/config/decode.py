@@ -9,10 +9,11 @@ about unknown keys: those are returned so start-up can warn about each by name.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from pycrid.errors import InvalidArgument
@@ -21,12 +22,50 @@ T = TypeVar("T")
 
 
 class ConfigError(InvalidArgument):
-    """An invalid config value; the message names the key and the reason."""
+    """Invalid config values: the message names every key with its reason, so one start
+    shows every mistake in the file. ``key``/``reason`` are the first one's."""
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"config key {key}: {reason}")
         self.key = key
         self.reason = reason
+        self.problems: list[tuple[str, str]] = [(key, reason)]
+        #: Unknown keys of the tables that failed (decoding stops short of returning them).
+        self.unknown: list[UnknownKey] = []
+
+    @classmethod
+    def combine(cls, errors: Sequence[ConfigError], notes: Sequence[str] = ()) -> ConfigError:
+        """One error carrying every problem of ``errors``, in order; ``notes`` (warnings
+        about the same file) are added to the message."""
+        problems = [p for e in errors for p in e.problems]
+        combined = cls(*problems[0])
+        combined.problems = problems
+        if len(problems) > 1:
+            text = f"{len(problems)} errors:" + "".join(
+                f"\n  config key {k}: {r}" for k, r in problems)
+        else:
+            text = str(combined)
+        text += "".join(f"\n  also: {n}" for n in notes)
+        combined.args = (text,)
+        return combined
+
+
+@dataclasses.dataclass(frozen=True)
+class UnknownKey:
+    """A key no field matches: ignored with a warning naming the closest known key."""
+
+    key: str
+    suggestion: str = ""
+
+    def warning(self) -> str:
+        hint = f"; did you mean `{self.suggestion}`?" if self.suggestion else ""
+        return f"unknown config key {self.key} (ignored{hint})"
+
+
+def closest(name: str, known: Iterable[str]) -> str:
+    """The known name a typo most likely meant, or ""."""
+    found = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return found[0] if found else ""
 
 
 class Duration(float):
@@ -108,30 +147,65 @@ def key_join(prefix: str, name: str) -> str:
     return f'{prefix}."{name}"' if prefix else f'"{name}"'
 
 
-def decode(cls: type[T], data: Any, prefix: str) -> tuple[T, list[str]]:
-    """Build ``cls`` from a TOML table; returns the object and the unknown keys (full names)."""
+def decode(cls: type[T], data: Any, prefix: str) -> tuple[T, list[UnknownKey]]:
+    """Build ``cls`` from a TOML table; returns the object and the unknown keys. Every
+    invalid value in the table is reported, in one ConfigError."""
     if not isinstance(data, dict):
         raise ConfigError(prefix, f"must be a table, got {_tname(data)}")
-    unknown: list[str] = []
+    unknown: list[UnknownKey] = []
+    errors: list[ConfigError] = []
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     for key in data:
         if key not in names:
-            unknown.append(key_join(prefix, key))
+            unknown.append(UnknownKey(key_join(prefix, key), closest(key, names)))
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name not in data:
             continue
         key = key_join(prefix, f.name)
-        value, sub_unknown = _convert(hints[f.name], data[f.name], key)
+        try:
+            value, sub_unknown = _convert(hints[f.name], data[f.name], key)
+        except ConfigError as e:
+            errors.append(e)
+            unknown.extend(e.unknown)
+            continue
         unknown.extend(sub_unknown)
         check = f.metadata.get("check")
         if check is not None:
             reason = check(value)
             if reason:
-                raise ConfigError(key, f"{reason} (got {data[f.name]!r})")
+                errors.append(ConfigError(key, f"{reason} (got {data[f.name]!r})"))
+                continue
         kwargs[f.name] = value
+    if errors:
+        raise _failed(errors, unknown)
     return cls(**kwargs), unknown
+
+
+def _convert_items(tp: Any, items: list[tuple[str, Any]]) -> tuple[list[Any], list[UnknownKey]]:
+    """Each item converted; every bad one reported."""
+    out: list[Any] = []
+    unknown: list[UnknownKey] = []
+    errors: list[ConfigError] = []
+    for key, item in items:
+        try:
+            v, u = _convert(tp, item, key)
+        except ConfigError as e:
+            errors.append(e)
+            unknown.extend(e.unknown)
+            continue
+        out.append(v)
+        unknown.extend(u)
+    if errors:
+        raise _failed(errors, unknown)
+    return out, unknown
+
+
+def _failed(errors: list[ConfigError], unknown: list[UnknownKey]) -> ConfigError:
+    err = ConfigError.combine(errors)
+    err.unknown = unknown
+    return err
 
 
 def _tname(v: Any) -> str:
@@ -139,7 +213,7 @@ def _tname(v: Any) -> str:
             list: "an array", dict: "a table"}.get(type(v), type(v).__name__)
 
 
-def _convert(tp: Any, value: Any, key: str) -> tuple[Any, list[str]]:
+def _convert(tp: Any, value: Any, key: str) -> tuple[Any, list[UnknownKey]]:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return decode(tp, value, key)  # type: ignore[arg-type]
@@ -176,22 +250,14 @@ def _convert(tp: Any, value: Any, key: str) -> tuple[Any, list[str]]:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
             raise ConfigError(key, f"must be an array, got {_tname(value)}")
-        items, unknown = [], []
-        for i, item in enumerate(value):
-            v, u = _convert(item_tp, item, f"{key}[{i}]")
-            items.append(v)
-            unknown.extend(u)
-        return items, unknown
+        return _convert_items(item_tp, [(f"{key}[{i}]", v) for i, v in enumerate(value)])
     if origin is dict:
         _, val_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             raise ConfigError(key, f"must be a table, got {_tname(value)}")
-        out, unknown = {}, []
-        for k, item in value.items():
-            v, u = _convert(val_tp, item, key_join(key, k))
-            out[k] = v
-            unknown.extend(u)
-        return out, unknown
+        converted, unknown = _convert_items(
+            val_tp, [(key_join(key, k), v) for k, v in value.items()])
+        return dict(zip(value, converted, strict=True)), unknown
     if origin in (typing.Union, types.UnionType):
         raise TypeError(f"config field {key}: union types are not supported")
     if tp is Any:

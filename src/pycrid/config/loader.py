@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycrid.config.decode import ConfigError, decode, key_join
+from pycrid.config.decode import ConfigError, closest, decode, key_join
 from pycrid.config.emit import emit_table
 from pycrid.config.schema import CURRENT_VERSION, Config
 from pycrid.plugin.registry import Registration
@@ -80,22 +80,39 @@ def load(path: str | None, registrations: Iterable[Registration]) -> LoadedConfi
             f"{path} uses config version {from_version}; it was upgraded in memory, "
             f"run 'pycrid config migrate --config {path}' to rewrite it as version "
             f"{CURRENT_VERSION}")
-    config, unknown = decode(Config, {k: v for k, v in raw.items() if k != "plugins"}, "")
-    warnings.extend(f"unknown config key {k} (ignored)" for k in unknown)
+    errors: list[ConfigError] = []
+    config = Config()
+    try:
+        config, unknown = decode(Config, {k: v for k, v in raw.items() if k != "plugins"}, "")
+    except ConfigError as e:
+        errors.append(e)  # the plugin sections are still read, so every mistake is told
+        unknown = e.unknown
+    warnings.extend(u.warning() for u in unknown)
     sections: dict[str, Any] = raw.get("plugins", {})
     by_uri = {r.uri: r for r in regs}
     plugins: dict[str, Any] = {}
     for name, _section in sections.items():
         if name not in by_uri:
-            warnings.append(f"unknown config section plugins.\"{name}\" (no such plugin; ignored)")
+            near = closest(name, by_uri)
+            hint = f"; did you mean plugins.\"{near}\"?" if near else ""
+            warnings.append(f"unknown config section plugins.\"{name}\" (no such plugin; "
+                            f"ignored{hint})")
     for uri, reg in by_uri.items():
         if reg.config is None:
             if sections.get(uri):
                 warnings.append(f"plugin {uri} takes no config; plugins.\"{uri}\" ignored")
             continue
-        obj, unknown = decode(reg.config, sections.get(uri, {}), key_join("plugins", uri))
-        warnings.extend(f"unknown config key {k} (ignored)" for k in unknown)
+        try:
+            obj, unknown = decode(reg.config, sections.get(uri, {}), key_join("plugins", uri))
+        except ConfigError as e:
+            errors.append(e)
+            warnings.extend(u.warning() for u in e.unknown)
+            continue
+        warnings.extend(u.warning() for u in unknown)
         plugins[uri] = obj
+    if errors:
+        # The warnings too: a misspelt key is often why a value is missing.
+        raise ConfigError.combine(errors, notes=warnings)
     config.plugins = plugins
     for name in config.disabled_plugins:
         if name not in by_uri:

@@ -53,7 +53,9 @@ class SandboxRouter(SandboxController):
         """By the pod's own controller; an id without a record by every controller (each
         shutdown is idempotent and ignores what it did not make)."""
         kind = self.kind_of(sandbox_id)
-        for name, controller in self.controllers.items():
+        # The default last: the pause controller removes the pod's whole directory, where
+        # another controller keeps the list of what it made.
+        for name, controller in sorted(self.controllers.items(), key=lambda c: c[0] == DEFAULT):
             if kind is None or name == kind:
                 await controller.shutdown(sandbox_id)
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
+from pycrid import unixsock
 from pycrid.config.schema import NRIConfig
 from pycrid.errors import FailedPrecondition, Unknown
 from pycrid.nri import api
@@ -95,6 +96,7 @@ class Adaptation:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listener: socket.socket | None = None
+        self._socket_file: unixsock.SocketFile | None = None
         self._stopping = False
         #: Set by the daemon before start: metrics and tracing of plugin calls.
         self.observer: PluginObserver | None = None
@@ -110,7 +112,7 @@ class Adaptation:
             log.warning("%s", w)
         await asyncio.gather(*(self._launch(f) for f in found))
         if not self.config.disable_connections:
-            self._listener = _listen(self.config.socket_path)
+            self._listener, self._socket_file = _listen(self.config.socket_path)
             self._own(self._accept_loop(self._listener), "nri accept")
         log.info("NRI started: %d plugin(s) connected%s", len(self.plugins),
                  "" if self._listener is None else f", accepting on {self.config.socket_path}")
@@ -120,8 +122,8 @@ class Adaptation:
         self._stopping = True
         if self._listener is not None:
             self._listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.config.socket_path)
+        if self._socket_file is not None:
+            self._socket_file.remove()  # not another runtime's socket that replaced ours
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -407,18 +409,19 @@ class Adaptation:
                           api.RemoveContainerResponse, may_fail=False)
 
 
-def _listen(path: str) -> socket.socket:
-    """The external plugins' socket: directory 0700, a stale socket replaced."""
+#: How to avoid another process's NRI socket (for refusals).
+SOCKET_HINT = ('set socket_path in [plugins."pycrid.nri.v1.nri"] to another path (or '
+               "disable_connections = true)")
+
+
+def _listen(path: str) -> tuple[socket.socket, unixsock.SocketFile]:
+    """The external plugins' socket: directory 0700, socket 0600; never another live
+    runtime's socket taken over."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        os.chmod(path, 0o600)
-        sock.listen(16)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return unixsock.listen(path, what="the NRI socket", hint=SOCKET_HINT, mode=0o600)
+
+
+def check_socket_free(config: NRIConfig) -> None:
+    """At start-up, before recovery: refuse the NRI socket of a runtime that is running."""
+    if not config.disable and not config.disable_connections:
+        unixsock.check_free(config.socket_path, what="the NRI socket", hint=SOCKET_HINT)
