@@ -227,9 +227,10 @@ async def _init_cri(ctx: InitContext) -> Any:
 async def _init_containerd_api(ctx: InitContext) -> Any:
     # Served from init, before recovery: the kubelet's cAdvisor dials it once at its own
     # start, and the records it reads are in memory from the start.
-    from pycrid.cadvisor.server import ContainerdEndpoint, SocketBusy
+    from pycrid.cadvisor.server import ContainerdEndpoint
     from pycrid.cadvisor.service import handlers
     from pycrid.cadvisor.view import view_of
+    from pycrid.errors import FailedPrecondition
 
     config: CAdvisorConfig = ctx.config
     if config.disable:
@@ -238,9 +239,8 @@ async def _init_containerd_api(ctx: InitContext) -> Any:
     endpoint = ContainerdEndpoint(config.socket_path, handlers(view_of(core)))
     try:
         await endpoint.start()
-    except SocketBusy as e:
-        message = (f"containerd's API for the kubelet's cAdvisor is not served: {e} (see "
-                   f'socket_path in [plugins."{CADVISOR}.containerd"])')
+    except FailedPrecondition as e:  # a real containerd's socket, most likely: not ours
+        message = f"containerd's API for the kubelet's cAdvisor is not served: {e}"
         log.warning("%s", message)
         core.warnings.append(message)
         raise SkipPlugin(str(e)) from None

@@ -1,7 +1,8 @@
 """The containerd socket in-process: the calls cAdvisor's containerd driver makes (with its
 namespace metadata), List with filters, what is not served, and the socket's claim rules
-(a stale file is replaced, a live listener or a non-socket is refused, close removes only
-its own socket). Real pods behind it: tests/e2e/test_cadvisor.py and test_kubelet.py."""
+(pycrid/unixsock.py: a stale file is replaced, a live listener or a non-socket is refused,
+close removes only its own socket). Real pods behind it: tests/e2e/test_cadvisor.py and
+test_kubelet.py."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from cri_api.v1 import api_pb2 as pb
 from google.protobuf.empty_pb2 import Empty
 
 from pycrid.cadvisor.proto import containers_pb2, task_pb2, tasks_pb2, version_pb2
-from pycrid.cadvisor.server import ContainerdEndpoint, SocketBusy, claim
+from pycrid.cadvisor.server import ContainerdEndpoint
 from pycrid.cadvisor.service import handlers
 from pycrid.cadvisor.view import ContainerdView
+from pycrid.errors import FailedPrecondition
 from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.store.db import Database
 from pycrid.store.pods import ContainerRecord, SandboxRecord, container_store, sandbox_store
@@ -157,34 +159,41 @@ async def test_lists(endpoint: tuple[ContainerdEndpoint, Client]) -> None:
     assert list(other_ns.containers) == []
 
 
-def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
-    path = str(tmp_path / "containerd.sock")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.bind(path)
-    s.close()  # the file stays, nobody listens
-    claim(path)
-    assert not os.path.exists(path)
+async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "containerd.sock"
+    _dead_socket(path)
+    ep = ContainerdEndpoint(str(path), [])
+    await ep.start()
+    try:
+        assert _connects(path)
+    finally:
+        await ep.close()
 
 
-def test_a_live_socket_is_not_taken_over(tmp_path: Path) -> None:
-    path = str(tmp_path / "containerd.sock")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.bind(path)
-        s.listen()
-        with pytest.raises(SocketBusy, match=rf"served by .* \(pid {os.getpid()}\)"):
-            claim(path)
-        assert os.path.exists(path)
-    (tmp_path / "plain").write_text("not a socket")
-    with pytest.raises(SocketBusy, match="not a socket"):
-        claim(str(tmp_path / "plain"))
-    assert (tmp_path / "plain").read_text() == "not a socket"
+async def test_a_live_socket_or_a_file_is_not_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "containerd.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as real:
+        real.bind(str(path))
+        real.listen()
+        with pytest.raises(FailedPrecondition,
+                           match=rf"served by another process \(\S+, pid {os.getpid()}\); "
+                                 r".*--containerd"):
+            await ContainerdEndpoint(str(path), []).start()
+        assert _connects(path)  # still the real one's
+        conn, _ = real.accept()
+        conn.close()
+    plain = tmp_path / "plain"
+    plain.write_text("not a socket")
+    with pytest.raises(FailedPrecondition, match="not a socket"):
+        await ContainerdEndpoint(str(plain), []).start()
+    assert plain.read_text() == "not a socket"
 
 
 async def test_close_removes_only_its_own_socket(tmp_path: Path) -> None:
-    path = tmp_path / "containerd.sock"
+    path = tmp_path / "run" / "containerd.sock"  # the directory is made
     ep = ContainerdEndpoint(str(path), [])
     await ep.start()
-    assert sorted(os.listdir(tmp_path)) == ["containerd.sock"]  # no private name left
+    assert sorted(os.listdir(path.parent)) == ["containerd.sock"]  # no temporary name left
     await ep.close()
     assert not path.exists()
     ep = ContainerdEndpoint(str(path), [])
@@ -194,3 +203,18 @@ async def test_close_removes_only_its_own_socket(tmp_path: Path) -> None:
         successor.bind(str(path))
         await ep.close()
         assert path.exists()
+
+
+def _dead_socket(path: Path) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()  # the file stays, nobody listens
+
+
+def _connects(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        try:
+            c.connect(str(path))
+        except OSError:
+            return False
+    return True
