@@ -7,12 +7,21 @@ plugins/cri/cri.go pattern), so tests can build the same objects directly.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from pycrid.config.loader import LoadedConfig
-from pycrid.config.schema import CRIServerConfig, ImagesConfig, NRIConfig, RuntimeConfig
-from pycrid.plugin.registry import InitContext, Registration, Registry
+from pycrid.config.schema import (
+    CAdvisorConfig,
+    CRIServerConfig,
+    ImagesConfig,
+    NRIConfig,
+    RuntimeConfig,
+)
+from pycrid.plugin.registry import InitContext, Registration, Registry, SkipPlugin
+
+log = logging.getLogger(__name__)
 
 METADATA = "pycrid.metadata.v1"
 CONTENT = "pycrid.content.v1"
@@ -22,6 +31,7 @@ GRPC = "pycrid.grpc.v1"
 RUNTIME = "pycrid.runtime.v1"
 SANDBOX = "pycrid.sandbox.v1"
 NRI = "pycrid.nri.v1"
+CADVISOR = "pycrid.cadvisor.v1"
 
 #: Config layout 1 kept the image keys in the CRI server's own section.
 _V1_CRI_SECTION = f"{GRPC}.cri"
@@ -213,6 +223,30 @@ async def _init_cri(ctx: InitContext) -> Any:
                      record=None if metrics is None else metrics.cri_call, tracer=tracer)
 
 
+async def _init_containerd_api(ctx: InitContext) -> Any:
+    # Served from init, before recovery: the kubelet's cAdvisor dials it once at its own
+    # start, and the records it reads are in memory from the start.
+    from pycrid.cadvisor.server import ContainerdEndpoint
+    from pycrid.cadvisor.service import handlers
+    from pycrid.cadvisor.view import view_of
+    from pycrid.errors import FailedPrecondition
+
+    config: CAdvisorConfig = ctx.config
+    if config.disable:
+        raise SkipPlugin("disabled in its config (disable = true)")
+    core = ctx.get_by_id(GRPC, "cri").core
+    endpoint = ContainerdEndpoint(config.socket_path, handlers(view_of(core)))
+    try:
+        await endpoint.start()
+    except FailedPrecondition as e:  # a real containerd's socket, most likely: not ours
+        message = f"containerd's API for the kubelet's cAdvisor is not served: {e}"
+        log.warning("%s", message)
+        core.warnings.append(message)
+        raise SkipPlugin(str(e)) from None
+    core.sockets["containerd"] = config.socket_path
+    return endpoint
+
+
 def registry() -> Registry:
     reg = Registry()
     reg.register(Registration(type=METADATA, id="sqlite", init=_init_metadata))
@@ -231,4 +265,6 @@ def registry() -> Registry:
     reg.register(Registration(type=GRPC, id="cri",
                               requires=(METADATA, CRI, RUNTIME, SANDBOX, NRI),
                               config=CRIServerConfig, init=_init_cri))
+    reg.register(Registration(type=CADVISOR, id="containerd", requires=(GRPC,),
+                              config=CAdvisorConfig, init=_init_containerd_api))
     return reg

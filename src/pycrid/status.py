@@ -176,6 +176,8 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("NRI socket", socks.get("nri") or "none (no external plugins)"))
         rows.append(("Metrics", f"http://{socks['metrics']}/v1/metrics" if socks.get("metrics")
                      else "off ([metrics] address)"))
+        rows.append(("containerd API", f"{socks['containerd']} (read-only, for cAdvisor)"
+                     if socks.get("containerd") else "not served"))
     for c in doc["conditions"]:
         text = "true" if c["status"] else "false"
         if c["reason"] or c["message"]:

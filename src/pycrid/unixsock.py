@@ -36,10 +36,40 @@ def check_free(path: str, *, what: str, hint: str) -> bool:
             f"{what} {path} exists and is not a socket; refusing to replace it: remove it "
             f"or {hint}")
     if _listened_on(path):
+        who = listener_of(path)
         raise FailedPrecondition(
-            f"{what} {path} is served by another process; refusing to replace it: stop "
-            f"that process or {hint}")
+            f"{what} {path} is served by another process{f' ({who})' if who else ''}; "
+            f"refusing to replace it: stop that process or {hint}")
     return True
+
+
+def _listening_inodes(path: str) -> set[str]:
+    """Inodes of listening unix sockets bound at ``path`` (/proc/net/unix)."""
+    found = set()
+    with contextlib.suppress(OSError), open("/proc/net/unix") as f:
+        next(f, None)
+        for line in f:
+            parts = line.split(None, 7)
+            # Num RefCount Protocol Flags Type St Inode Path; Flags 00010000 = listening
+            if len(parts) == 8 and parts[7].strip() == path and int(parts[3], 16) & 0x10000:
+                found.add(parts[6])
+    return found
+
+
+def listener_of(path: str) -> str:
+    """Who listens on the unix socket ``path``, e.g. "containerd, pid 812"; "" when /proc
+    does not tell (another network namespace, a process we cannot see)."""
+    targets = {f"socket:[{i}]" for i in _listening_inodes(path)}
+    if not targets:
+        return ""
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
+                        with open(f"/proc/{pid}/comm") as f:
+                            return f"{f.read().strip()}, pid {pid}"
+    return ""
 
 
 def _listened_on(path: str) -> bool:

@@ -19,7 +19,8 @@ from tests.support.daemon import (
     running_daemon,
     serve_command,
     wait_ready,
-    with_private_nri,
+    with_private_cadvisor,
+    with_private_sockets,
 )
 
 pytestmark = pytest.mark.e2e
@@ -137,7 +138,7 @@ def test_json_logs_and_sigint(tmp_path: Path) -> None:
     root, state = tmp_path / "root", tmp_path / "state"
     address = str(state / "pycrid.sock")
     config = tmp_path / "config.toml"
-    config.write_text(with_private_nri("version = 2\n", str(tmp_path)))
+    config.write_text(with_private_sockets("version = 2\n", str(tmp_path)))
     cmd = [*serve_command(str(config), str(root), str(state), address), "--log-format", "json"]
     log_path = tmp_path / "log"
     with open(log_path, "wb") as logf:
@@ -214,7 +215,7 @@ def test_tcp_listener_config_errors_name_the_key(tmp_path: Path) -> None:
          '[plugins."pycrid.grpc.v1.cri"]\ndisable_tcp_service = false\n', "grpc.tcp_tls_cert"),
     ):
         path = tmp_path / "config.toml"
-        path.write_text("version = 2\n" + body)
+        path.write_text(with_private_cadvisor("version = 2\n" + body, str(tmp_path)))
         proc = subprocess.run(
             serve_command(str(path), str(tmp_path / "r"), str(tmp_path / "s"),
                           str(tmp_path / "s" / "x.sock")),

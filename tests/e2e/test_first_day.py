@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import running_daemon, serve_command, with_private_nri
+from tests.support.daemon import running_daemon, serve_command, with_private_sockets
 from tests.support.network import CNI_SECTION, with_private_cni
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ RUNTIME = '[plugins."pycrid.cri.v1.runtime"]'
 def _serve(tmp_path: Path, config: str = "version = 2\n", address: str | None = None,
            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "config.toml"
-    path.write_text(with_private_cni(with_private_nri(config, str(tmp_path)), str(tmp_path)))
+    path.write_text(with_private_cni(with_private_sockets(config, str(tmp_path)), str(tmp_path)))
     os.chmod(tmp_path, 0o755)
     address = address or str(tmp_path / "state" / "pycrid.sock")
     return subprocess.run(

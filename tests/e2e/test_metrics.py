@@ -17,7 +17,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pycrid import __version__
-from tests.support.daemon import Daemon, nri_paths, running_daemon
+from tests.support.daemon import (
+    CADVISOR_SECTION,
+    Daemon,
+    containerd_socket,
+    nri_paths,
+    running_daemon,
+)
 from tests.support.images import ImageBuild, TestImages
 from tests.support.nri_plugins import external_plugin, has_event, wait_events
 from tests.support.pods import Pods, container_config, daemon_config, pod_config, wait_for
@@ -159,7 +165,8 @@ def test_busy_metrics_address_stops_start_up(tmp_path: Path) -> None:
         config.write_text(
             f'version = 2\n[metrics]\naddress = "127.0.0.1:{port}"\n'
             '[plugins."pycrid.nri.v1.nri"]\n'
-            + "".join(f'{k} = "{v}"\n' for k, v in nri.items()))
+            + "".join(f'{k} = "{v}"\n' for k, v in nri.items())
+            + f'{CADVISOR_SECTION}\nsocket_path = "{containerd_socket(str(tmp_path))}"\n')
         state = tmp_path / "state"
         proc = subprocess.run(
             [sys.executable, "-m", "pycrid", "serve", "--config", str(config), "--root",

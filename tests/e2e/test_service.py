@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import CRIClient, serve_command, with_private_nri
+from tests.support.daemon import CRIClient, serve_command, with_private_sockets
 from tests.support.network import with_private_cni
 
 pytestmark = pytest.mark.e2e
@@ -75,7 +75,7 @@ def test_notify_ready_stopping_and_journald_lines(tmp_path: Path) -> None:
     root, state = tmp_path / "root", tmp_path / "state"
     address = str(state / "pycrid.sock")
     config = tmp_path / "config.toml"
-    config.write_text(with_private_cni(with_private_nri("version = 2\n", str(tmp_path)),
+    config.write_text(with_private_cni(with_private_sockets("version = 2\n", str(tmp_path)),
                                        str(tmp_path)))
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify"))

@@ -204,8 +204,9 @@ def test_pod_sandbox_metrics(daemon: Daemon, setup: Setup) -> None:
     rt = daemon.client.runtime
     descs = {d.name: list(d.label_keys) for d in rt.ListMetricDescriptors(
         pb.ListMetricDescriptorsRequest(), timeout=30).descriptors}
+    # cAdvisor's label keys as the kubelet's /metrics/cadvisor serves them.
     assert descs["container_cpu_usage_seconds_total"] == [
-        "pod", "namespace", "container", "id", "image"]
+        "pod", "namespace", "container", "id", "image", "name", "cpu"]
     assert descs["container_network_receive_bytes_total"][-1] == "interface"
 
     def ours() -> pb.PodSandboxMetrics | None:
@@ -223,8 +224,8 @@ def test_pod_sandbox_metrics(daemon: Daemon, setup: Setup) -> None:
             assert len(m.label_values) == len(descs[m.name]), m.name
         cpu = series["container_cpu_usage_seconds_total"]
         assert cpu.metric_type == pb.COUNTER
-        assert list(cpu.label_values)[:4] == ["stats-pod", "default",
-                                              cpu.label_values[2], cid]
+        assert list(cpu.label_values) == ["stats-pod", "default", cpu.label_values[2], cid,
+                                          daemon.extra["busybox"], cid, "total"]
         assert series["container_memory_working_set_bytes"].metric_type == pb.GAUGE
     hog_ws = by_ctr[setup.hog]["container_memory_working_set_bytes"]
     assert hog_ws.value.value > 30 * MB
@@ -232,7 +233,7 @@ def test_pod_sandbox_metrics(daemon: Daemon, setup: Setup) -> None:
     assert hog_ws.label_values[4] == daemon.extra["busybox"]
     pod_rx = [m for m in pm.metrics if m.name == "container_network_receive_bytes_total"]
     assert [list(m.label_values) for m in pod_rx] == [
-        ["stats-pod", "default", "", setup.sid, "", "eth0"]]
+        ["stats-pod", "default", "", setup.sid, "", setup.sid, "eth0"]]
 
 
 def test_unknown_ids_are_not_found(daemon: Daemon) -> None:
@@ -557,9 +558,9 @@ def test_fs_writes_grow_after_writing(daemon: Daemon, limited: Limited) -> None:
     ops = sum(int(m.value.value) for m in after["container_fs_writes_total"])
     assert ops >= sum(int(m.value.value) for m in before.get("container_fs_writes_total", []))
     assert ops >= 8  # at least one write per MiB block
-    usage = {(m.label_values[5], m.label_values[8]): int(m.value.value)
+    usage = {(m.label_values[6], m.label_values[9]): int(m.value.value)
              for m in after["container_blkio_device_usage_total"]}
-    devices = {m.label_values[5] for m in after["container_fs_writes_bytes_total"]}
+    devices = {m.label_values[6] for m in after["container_fs_writes_bytes_total"]}
     assert all(d.startswith("/dev/") for d in devices), devices
     assert sum(v for (_d, op), v in usage.items() if op == "Write") == written(after)
 
@@ -572,8 +573,8 @@ def test_fs_usage_limit_and_inodes(daemon: Daemon, limited: Limited) -> None:
     assert one(s, "container_fs_inodes_total") == st.f_files
     free = one(s, "container_fs_inodes_free")
     assert 0 < free <= st.f_files
-    device = s["container_fs_usage_bytes"][0].label_values[5]
-    assert device and s["container_fs_limit_bytes"][0].label_values[5] == device
+    device = s["container_fs_usage_bytes"][0].label_values[6]
+    assert device and s["container_fs_limit_bytes"][0].label_values[6] == device
 
 
 def test_cri_stats_pressure_where_the_kernel_has_it(daemon: Daemon, limited: Limited) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pycrid import __version__
-from tests.support.daemon import Daemon, nri_paths
+from tests.support.daemon import Daemon, containerd_socket, nri_paths
 from tests.support.images import TestImages
 from tests.support.network import conf_dir
 from tests.support.nri_plugins import external_plugin, has_event, wait_events
@@ -58,7 +58,8 @@ def test_status_and_plugins(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:
     assert d["pid"] == daemon.proc.pid and d["uptime_seconds"] >= 0
     assert d["config_file"] == os.path.join(daemon.extra["base"], "config.toml")
     assert (d["root"], d["state"]) == (daemon.root, daemon.state)
-    assert d["sockets"] == {"cri": daemon.address, "nri": nri_socket, "metrics": ""}
+    assert d["sockets"] == {"cri": daemon.address, "nri": nri_socket, "metrics": "",
+                            "containerd": containerd_socket(daemon.extra["base"])}
     assert empty["streaming"]["url"].startswith("http://127.0.0.1:")
     assert empty["images"]["count"] == 1  # busybox, pulled by the fixture
     assert empty["images"]["bytes"] > 0
@@ -69,6 +70,7 @@ def test_status_and_plugins(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:
                 .splitlines())
     assert text["PID"].strip().startswith(f"{daemon.proc.pid}, up ")
     assert text["CRI socket"].strip() == daemon.address
+    assert text["containerd API"].strip().startswith(containerd_socket(daemon.extra["base"]))
     assert text["Config"].strip() == d["config_file"]
     assert text["CNI networks"].strip().startswith("pycrid-test (")
     assert text["Images"].strip().startswith("1 (")

@@ -100,6 +100,28 @@ def with_private_nri(config_text: str, base: str) -> str:
     return f"{config_text.rstrip()}\n{NRI_SECTION}\n{keys}"
 
 
+CADVISOR_SECTION = '[plugins."pycrid.cadvisor.v1.containerd"]'
+
+
+def containerd_socket(base: str) -> str:
+    """Where a test daemon under ``base`` serves containerd's API for cAdvisor."""
+    return os.path.join(base, "containerd.sock")
+
+
+def with_private_cadvisor(config_text: str, base: str) -> str:
+    """Give a test daemon its own containerd API socket (never the host's
+    /run/containerd/containerd.sock), unless the config already has that section."""
+    if CADVISOR_SECTION in config_text:
+        return config_text
+    path = containerd_socket(base)
+    return f'{config_text.rstrip()}\n{CADVISOR_SECTION}\nsocket_path = "{path}"\n'
+
+
+def with_private_sockets(config_text: str, base: str) -> str:
+    """Private NRI and containerd API sockets for a test daemon (see the two above)."""
+    return with_private_cadvisor(with_private_nri(config_text, base), base)
+
+
 def serve_command(config: str | None, root: str, state: str, address: str,
                   *extra: str) -> list[str]:
     cmd = [sys.executable, "-m", "pycrid", "serve", "--root", root, "--state", state,
@@ -135,7 +157,8 @@ def running_daemon(base: str, config_text: str | None = None, *extra: str,
     address = os.path.join(state, "pycrid.sock")
     config = os.path.join(base, "config.toml")
     with open(config, "w") as f:
-        f.write(with_private_cni(with_private_nri(config_text or "version = 2\n", base), base))
+        f.write(with_private_cni(with_private_sockets(config_text or "version = 2\n", base),
+                                 base))
     log_path = os.path.join(base, "pycrid.log")
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(serve_command(config, root, state, address, *extra),

@@ -59,8 +59,8 @@ def test_check_free(tmp_path: Path) -> None:
         live.bind(path)
         live.listen()
         with pytest.raises(FailedPrecondition,
-                           match=r"the NRI socket .* is served by another process; .* or set "
-                                 r"socket_path"):
+                           match=r"the NRI socket .* is served by another process "
+                                 rf"\(\S+, pid {os.getpid()}\); .* or set socket_path"):
             check_free(path, what="the NRI socket", hint="set socket_path")
     os.unlink(path)
     Path(path).write_text("not a socket")

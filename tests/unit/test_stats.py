@@ -585,7 +585,7 @@ def test_descriptors_are_unique_and_typed() -> None:
     assert len(names) == len(set(names))
     for d in metrics.DESCRIPTORS:
         assert d.type in (metrics.COUNTER, metrics.GAUGE)
-        assert d.label_keys[:5] == metrics.BASE_LABELS
+        assert d.label_keys[:6] == metrics.BASE_LABELS
         assert d.help
         # cAdvisor's exceptions to "a counter's name ends in _total"
         counter = d.name.endswith("_total") and d.name != "container_fs_inodes_total"
@@ -599,18 +599,18 @@ def test_container_metrics_shape() -> None:
     info = metrics.ContainerInfo(id=rec.id, name="app", image="bb", started_at=rec.started_at)
     values = metrics.container_metrics(pod, info, _sample(), now=0)
     keys = {d.name: d.label_keys for d in metrics.DESCRIPTORS}
-    by = {(v.name, v.label_values[5:]): v for v in values}
+    by = {(v.name, v.label_values[6:]): v for v in values}
     assert len(by) == len(values)  # no series twice
     for v in values:
         assert len(v.label_values) == len(keys[v.name])
-        assert v.label_values[:5] == ("web", "ns", "app", rec.id, "bb")
+        assert v.label_values[:6] == ("web", "ns", "app", rec.id, "bb", rec.id)
         assert v.timestamp == 123_000_000_000
 
     def val(name: str, *extra: str) -> int:
         return by[(name, extra)].value
 
-    assert val("container_cpu_usage_seconds_total") == 7
-    assert by[("container_cpu_usage_seconds_total", ())].type == metrics.COUNTER
+    assert val("container_cpu_usage_seconds_total", "total") == 7
+    assert by[("container_cpu_usage_seconds_total", ("total",))].type == metrics.COUNTER
     assert val("container_memory_working_set_bytes") == 49_000_000
     assert by[("container_memory_working_set_bytes", ())].type == metrics.GAUGE
     assert val("container_memory_failures_total", "pgmajfault", "container") == 1
@@ -638,7 +638,7 @@ def test_container_metrics_shape() -> None:
             val("container_fs_reads_total", "/dev/vda"),
             val("container_fs_writes_total", "/dev/vda")) == (4096, 8192, 1, 2)
     assert val("container_blkio_device_usage_total", "/dev/vda", "254", "0", "Total") == 12288
-    assert [v.label_values[5:] for v in values
+    assert [v.label_values[6:] for v in values
             if v.name == "container_blkio_device_usage_total"] == [
         ("/dev/vda", "254", "0", "Read"), ("/dev/vda", "254", "0", "Write"),
         ("/dev/vda", "254", "0", "Total")]
@@ -648,8 +648,8 @@ def test_container_metrics_shape() -> None:
     net = metrics.network_metrics(pod, parse_net_dev(NET_DEV), 9)
     assert {m.name for m in net} == pod_level
     rx = [m for m in net if m.name == "container_network_receive_bytes_total"]
-    assert [m.label_values for m in rx] == [("web", "ns", "", "p" * 64, "", "eth1"),
-                                            ("web", "ns", "", "p" * 64, "", "eth0")]
+    assert [m.label_values for m in rx] == [("web", "ns", "", "p" * 64, "", "p" * 64, "eth1"),
+                                            ("web", "ns", "", "p" * 64, "", "p" * 64, "eth0")]
     assert [m.value for m in rx] == [100, 2331295]
 
 
@@ -724,5 +724,5 @@ def test_protobuf_conversion() -> None:
     m = stats_pb.metric_pb(metrics.MetricValue("container_cpu_usage_seconds_total",
                                                metrics.COUNTER, ("a",), 3, 9))
     assert m.metric_type == pb.COUNTER and m.value.value == 3 and m.timestamp == 9
-    d = stats_pb.descriptor_pb(metrics.DESCRIPTORS[0])
+    d = stats_pb.descriptor_pb(metrics.DESCRIPTORS[1])
     assert list(d.label_keys) == list(metrics.BASE_LABELS)

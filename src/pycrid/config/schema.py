@@ -327,3 +327,23 @@ class NRIConfig:
     disable_connections: bool = cfg(False, "Accept no external plugins (no socket is created).")
     default_validator: DefaultValidatorConfig = cfg(DefaultValidatorConfig(),
                                                     "The built-in default validator.")
+
+
+@dataclass
+class CAdvisorConfig:
+    """``[plugins."pycrid.cadvisor.v1.containerd"]``: containerd's API, read-only, for the
+    kubelet's built-in cAdvisor (pycrid's addition; see docs/kubelet.md)."""
+
+    disable: bool = cfg(
+        False, "Do not serve it. The kubelet's built-in cAdvisor then cannot tell which pod\n"
+        "a pycrid cgroup belongs to: no pod network or process stats in /stats/summary and\n"
+        "no per-container series in /metrics/cadvisor, unless the kubelet takes its stats\n"
+        "from CRI (feature gate PodAndContainerStatsFromCRI).")
+    socket_path: str = cfg(
+        "/run/containerd/containerd.sock",
+        "Where the kubelet's cAdvisor dials containerd (the kubelet's --containerd flag,\n"
+        "this path by default). Read-only: the container records and task pids of\n"
+        "pycrid's pods and containers in namespace k8s.io, and Version. A socket that\n"
+        "another live process listens on (a real containerd) is never taken over: pycrid\n"
+        "warns and does not serve it. The kubelet dials once, at its start: start pycrid\n"
+        "first.", _abs_path)

@@ -23,6 +23,7 @@ from typing import Any
 from pycrid import __version__
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
 from pycrid.core import orphans
+from pycrid.core.anchors import PodAnchors
 from pycrid.core.containers import ContainerManager, ContainerPaths
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI, runc_version
@@ -34,7 +35,7 @@ from pycrid.images.service import ImageService
 from pycrid.network.service import PodNetworks
 from pycrid.oci.adjust import HostSupport
 from pycrid.oci.resources import ResourcePolicy
-from pycrid.oci.spec import CgroupDriver, cgroups_path
+from pycrid.oci.spec import CgroupDriver
 from pycrid.runtime.cgroups import probe as probe_cgroups
 from pycrid.runtime.exits import Exit, ExitWatcher
 from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
@@ -84,6 +85,7 @@ class CRIService:
         events: ContainerEvents,
         layout: orphans.Layout,
         stats: StatsService,
+        anchors: PodAnchors,
         handlers: Mapping[str, HandlerSpec] | None = None,
     ) -> None:
         self.images = images
@@ -99,12 +101,16 @@ class CRIService:
         self.layout = layout
         #: Container and pod stats: owns the one sampling loop (started in start()).
         self.stats = stats
+        #: Which cgroup and process stand for each pod (stats, NRI, containerd's API).
+        self.anchors = anchors
         self.handlers = dict(handlers or {})
         #: For `pycrid status`: when this daemon started, and the config file it read
         #: (set by the wiring; empty: the embedded defaults).
         self.started_at = time.time()
         self._started = time.monotonic()
         self.config_source = ""
+        #: Sockets other plugins serve for this core, by name (`pycrid status`).
+        self.sockets: dict[str, str] = {}
         self.exits = ExitWatcher(runtime.exit_dir, self._exit_file)
         self.monitor = ExitMonitor(self._handle_exit)
         #: The CNI CHECKs of pods that survived the restart (after the gate opened).
@@ -235,6 +241,7 @@ class CRIService:
                 "nri": "" if nri is None or nri.config.disable_connections
                 else nri.config.socket_path,
                 "metrics": cfg.metrics.address,
+                **self.sockets,
             },
         }
 
@@ -308,14 +315,14 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     controller = SandboxRouter(controllers, lambda sid: (
         rec.controller if (rec := sandboxes.get(sid)) is not None else None))
     ctr_store = container_store(db)
+    anchors = PodAnchors(controller=controller, containers=ctr_store)
     events = ContainerEvents(sandboxes, ctr_store)
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
                             else "cgroupfs")
     paths = ContainerPaths(state_dir=state, root_dir=root)
     runc = getattr(runtime, "runc", "runc")
     nri = NRI(nri_config, sandboxes=sandboxes, containers=ctr_store,
-              pod_cgroups_path=lambda rec: cgroups_path(rec.config.linux.cgroup_parent,
-                                                        rec.id, driver),
+              pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
               pod_namespaces=lambda rec: (controller.namespaces(rec)
                                           if rec.controller == "pinned" else None),
               bundle_of=paths.bundle,
@@ -343,9 +350,11 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
                       podsandbox_handlers=[n for n, h in runtime_config.runtimes.items()
                                            if h.sandboxer == "podsandbox"])
     stats = StatsService(pods=pods, containers=containers, snapshotter=images.snapshotter,
-                         period=float(runtime_config.stats_collect_period), cgroup_driver=driver)
-    return CRIService(stats=stats, images=images, pods=pods, containers=containers, runtime=runtime,
-                      runtime_config=runtime_config, config=config, warnings=warnings, nri=nri,
-                      network=network, events=events, handlers=handlers,
+                         period=float(runtime_config.stats_collect_period), cgroup_driver=driver,
+                         anchor=anchors.of)
+    return CRIService(stats=stats, anchors=anchors, images=images, pods=pods,
+                      containers=containers, runtime=runtime, runtime_config=runtime_config,
+                      config=config, warnings=warnings, nri=nri, network=network,
+                      events=events, handlers=handlers,
                       layout=orphans.Layout(root=root, state=state,
                                             exit_dir=runtime.exit_dir))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cri_api.v1 import api_pb2 as pb
@@ -23,6 +23,7 @@ from pycrid.core.pods import PodManager
 from pycrid.errors import Unavailable
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.spec import CgroupDriver, cgroups_path
+from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.stats import metrics
 from pycrid.stats.cgroups import CgroupStats, Hierarchy
 from pycrid.stats.devices import filesystem_device
@@ -58,9 +59,12 @@ class PodStatsView:
 class StatsService:
     def __init__(self, *, pods: PodManager, containers: ContainerManager,
                  snapshotter: Snapshotter, period: float, cgroup_driver: CgroupDriver,
+                 anchor: Callable[[SandboxRecord], SandboxAnchor],
                  hierarchy: Hierarchy | None = None) -> None:
         self.pods = pods
         self.containers = containers
+        #: Which cgroup and process stand for a pod (PodAnchors.of).
+        self.anchor = anchor
         self.snapshotter = snapshotter
         self.cgroup_driver = cgroup_driver
         #: The device under the snapshotter's root (metrics' "device" label), found once.
@@ -101,22 +105,12 @@ class StatsService:
                       spec=os.path.join(self.containers.paths.bundle(rec.id), "config.json"))
 
     def _pod_target(self, rec: SandboxRecord) -> Target:
-        try:
-            path = cgroups_path(rec.config.linux.cgroup_parent, rec.id, self.cgroup_driver)
-        except Exception:
-            path = ""
-        # A host-network pod has no netns of its own: its pause sees the host's interfaces.
-        return Target(id=rec.id, cgroups_path=path,
-                      net_pid=self._net_pid(rec) if rec.netns else 0)
-
-    def _net_pid(self, rec: SandboxRecord) -> int:
-        """A process in the pod's network namespace: the pause, or for a pod without one
-        its first running container (CRI-O answers cAdvisor the same way,
-        cri-o/cri-o#4613); 0 while none runs."""
-        if rec.pid:
-            return rec.pid
-        return next((c.pid for c in self.containers.of_sandbox(rec.id)
-                     if c.state == pb.CONTAINER_RUNNING and c.pid > 0), 0)
+        """The pod's anchor (core/anchors.py): its sandbox cgroup, and a process in its
+        network namespace (the pause, or a running container for a pod without one)."""
+        anchor = self.anchor(rec)
+        # A host-network pod has no netns of its own: its process sees the host's interfaces.
+        return Target(id=rec.id, cgroups_path=anchor.cgroups_path,
+                      net_pid=anchor.pid if rec.netns else 0)
 
     def _targets(self) -> list[Target]:
         out = [self._pod_target(p) for p in self.pods.store.visible() if p.ready]

@@ -47,6 +47,23 @@ class SandboxStatus:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SandboxAnchor:
+    """What stands for a pod on the node, for whoever observes pods from outside (stats,
+    NRI, the kubelet's cAdvisor through the containerd API).
+
+    With a pause process these are the pause's. A pod without one has no process and no
+    cgroup of its own: its controller answers with what it has (a running container's
+    pid, the pod's cgroup), which is why nobody else works these out."""
+
+    #: OCI ``linux.cgroupsPath`` of the cgroup that represents the sandbox ("": none).
+    cgroups_path: str
+    #: A live process in the pod's namespaces, its network namespace included (0: none).
+    pid: int
+    #: An OCI config.json describing that process ("": none).
+    spec: str
+
+
 class SandboxController(abc.ABC):
     @abc.abstractmethod
     async def create(self, req: SandboxRequest) -> None:
@@ -91,3 +108,9 @@ class SandboxController(abc.ABC):
     @abc.abstractmethod
     def namespaces(self, rec: SandboxRecord) -> Namespaces:
         """The namespaces the pod's containers join."""
+
+    @abc.abstractmethod
+    def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
+        """Which cgroup and which process of its own stand for this pod (see
+        SandboxAnchor; pid 0 when it has none: the core then names a running container).
+        Called from memory-only paths: no runtime calls; at most a small file read."""

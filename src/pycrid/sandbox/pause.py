@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import platform
 import signal
 from collections.abc import Mapping
@@ -20,13 +21,13 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.errors import NotFound, Unimplemented
+from pycrid.errors import InvalidArgument, NotFound, Unimplemented
 from pycrid.faults import failpoint
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.security import host_security
-from pycrid.oci.spec import CgroupDriver, Namespaces, sandbox_spec
+from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, sandbox_spec
 from pycrid.runtime.bundle import (
     prepare_rootfs,
     read_etc,
@@ -37,9 +38,14 @@ from pycrid.runtime.bundle import (
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions
-from pycrid.sandbox.controller import SandboxController, SandboxRequest, SandboxStatus
+from pycrid.sandbox.controller import (
+    SandboxAnchor,
+    SandboxController,
+    SandboxRequest,
+    SandboxStatus,
+)
 from pycrid.sandbox.files import PodFiles
-from pycrid.store.pods import SandboxRecord
+from pycrid.store.pods import CREATING, SandboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -175,4 +181,29 @@ class PauseController(SandboxController):
 
         return Namespaces(network=at("net"), ipc=at("ipc"), uts=at("uts"), pid=at("pid"),
                           user=at("user"))
+
+    def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
+        """The pause: its cgroup, its pid while it lives, its bundle's spec."""
+        try:
+            path = cgroups_path(sandbox.config.linux.cgroup_parent, sandbox.id,
+                                self.cgroup_driver)
+        except InvalidArgument:  # a parent that no longer fits the driver: no cgroup known
+            path = ""
+        pid = 0
+        if sandbox.ready:
+            pid = sandbox.pid
+        elif sandbox.phase == CREATING:
+            # The pause may run while RunPodSandbox still waits for CNI: the record gets
+            # its pid at the end, conmon's pid file has it as soon as runc created it.
+            pid = sandbox.pid or _pid_file(os.path.join(self.bundle(sandbox.id), "pidfile"))
+        return SandboxAnchor(cgroups_path=path, pid=pid,
+                             spec=os.path.join(self.bundle(sandbox.id), "config.json"))
+
+
+def _pid_file(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 

@@ -27,13 +27,18 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid import pins
-from pycrid.errors import Internal, Unimplemented
+from pycrid.errors import Internal, InvalidArgument, Unimplemented
 from pycrid.faults import failpoint
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.security import sysctl_namespace
 from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, pod_sysctls
 from pycrid.runtime.exits import Exit
-from pycrid.sandbox.controller import SandboxController, SandboxRequest, SandboxStatus
+from pycrid.sandbox.controller import (
+    SandboxAnchor,
+    SandboxController,
+    SandboxRequest,
+    SandboxStatus,
+)
 from pycrid.sandbox.files import PodFiles
 from pycrid.stats.cgroups import Hierarchy, relative_cgroup
 from pycrid.store.pods import SandboxRecord
@@ -200,3 +205,14 @@ class PinnedController(SandboxController):
 
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         pass  # no process, no exit
+
+    def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
+        """Its empty cgroup (none with the systemd driver), and no process of its own: the
+        core lets a running container of the pod stand in (core/anchors.py)."""
+        try:
+            made = bool(self._cgroup_dirs(sandbox.config, sandbox.id))
+            path = (cgroups_path(sandbox.config.linux.cgroup_parent, sandbox.id,
+                                 self.cgroup_driver) if made else "")
+        except InvalidArgument:  # a parent that does not fit the driver: none was made
+            path = ""
+        return SandboxAnchor(cgroups_path=path, pid=0, spec="")

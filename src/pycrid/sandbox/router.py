@@ -11,7 +11,12 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.exits import Exit
-from pycrid.sandbox.controller import SandboxController, SandboxRequest, SandboxStatus
+from pycrid.sandbox.controller import (
+    SandboxAnchor,
+    SandboxController,
+    SandboxRequest,
+    SandboxStatus,
+)
 from pycrid.store.pods import SandboxRecord
 
 #: The controller of pods recorded before pods could have another.
@@ -68,3 +73,6 @@ class SandboxRouter(SandboxController):
 
     def namespaces(self, rec: SandboxRecord) -> Namespaces:
         return self.controllers[rec.controller].namespaces(rec)
+
+    def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
+        return self.controllers[sandbox.controller].anchor(sandbox)

@@ -21,7 +21,11 @@ from pycrid.stats.sampler import LayerUsage, Sample
 COUNTER = "counter"
 GAUGE = "gauge"
 
-BASE_LABELS = ("pod", "namespace", "container", "id", "image")
+#: cAdvisor's labels as the kubelet sets them: ``name`` is the first alias of the cgroup,
+#: for a containerd container (and so for pycrid's, see pycrid/cadvisor) its id.
+BASE_LABELS = ("pod", "namespace", "container", "id", "image", "name")
+#: cAdvisor's CPU usage carries ``cpu="total"`` (per-CPU series are off in the kubelet).
+CPU_LABELS = (*BASE_LABELS, "cpu")
 NET_LABELS = (*BASE_LABELS, "interface")
 DISK_LABELS = (*BASE_LABELS, "device")
 BLKIO_LABELS = (*DISK_LABELS, "major", "minor", "operation")
@@ -53,7 +57,8 @@ def _d(name: str, kind: str, help_: str, labels: tuple[str, ...] = BASE_LABELS) 
 
 DESCRIPTORS: tuple[Descriptor, ...] = (
     # cpu
-    _d("container_cpu_usage_seconds_total", COUNTER, "CPU time used so far, in seconds."),
+    _d("container_cpu_usage_seconds_total", COUNTER, "CPU time used so far, in seconds.",
+       CPU_LABELS),
     _d("container_cpu_user_seconds_total", COUNTER, "CPU time used so far in user mode, seconds."),
     _d("container_cpu_system_seconds_total", COUNTER,
        "CPU time used so far in kernel mode, seconds."),
@@ -174,10 +179,11 @@ class _Out:
 
 def network_metrics(pod: PodInfo, ifaces: Sequence[InterfaceCounters],
                     timestamp: int) -> list[MetricValue]:
-    """The pod-level series: container and image labels empty, id = the pod's id."""
+    """The pod-level series: container and image labels empty, id and name the pod's id
+    (cAdvisor's are its sandbox container's)."""
     out = _Out(timestamp)
     for i in ifaces:
-        labels = (pod.name, pod.namespace, "", pod.id, "", i.name)
+        labels = (pod.name, pod.namespace, "", pod.id, "", pod.id, i.name)
         out.add("container_network_receive_bytes_total", labels, i.rx_bytes)
         out.add("container_network_receive_packets_total", labels, i.rx_packets)
         out.add("container_network_receive_packets_dropped_total", labels, i.rx_dropped)
@@ -194,7 +200,7 @@ def _secs(ns: int | None) -> int | None:
 
 
 def _cpu(out: _Out, labels: tuple[str, ...], cg: CgroupStats) -> None:
-    out.add("container_cpu_usage_seconds_total", labels, _secs(cg.cpu_ns))
+    out.add("container_cpu_usage_seconds_total", (*labels, "total"), _secs(cg.cpu_ns))
     out.add("container_cpu_user_seconds_total", labels, _secs(cg.cpu_user_ns))
     out.add("container_cpu_system_seconds_total", labels, _secs(cg.cpu_system_ns))
     out.add("container_spec_cpu_period", labels, cg.cpu_period_us)
@@ -264,9 +270,9 @@ def _filesystem(out: _Out, labels: tuple[str, ...], layer: LayerUsage) -> None:
 
 def container_metrics(pod: PodInfo, ctr: ContainerInfo, sample: Sample | None,
                       now: int) -> list[MetricValue]:
-    """One container's series, labelled (pod, namespace, container, id, image)."""
+    """One container's series, labelled (pod, namespace, container, id, image, name)."""
     out = _Out(sample.timestamp if sample is not None else now)
-    labels = (pod.name, pod.namespace, ctr.name, ctr.id, ctr.image)
+    labels = (pod.name, pod.namespace, ctr.name, ctr.id, ctr.image, ctr.id)
     out.add("container_start_time_seconds", labels,
             ctr.started_at // NS_PER_S if ctr.started_at else None)
     if sample is None:

@@ -1,0 +1,39 @@
+"""Which cgroup and which process stand for a pod: the one answer stats, NRI and the
+kubelet's cAdvisor (through containerd's API) all use.
+
+The pod's sandbox controller answers first (sandbox/controller.py ``anchor``): a pause
+is its own cgroup and process. A pod without a process of its own (pinned namespaces,
+drop_infra_ctr) gets one of its running containers as its process, the first in record
+order: that container is in the pod's network namespace, which is what the pid is asked
+for (CRI-O answers cAdvisor the same way for a pod whose infra container it dropped,
+cri-o/cri-o#4613; when that container exits, the next one stands in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cri_api.v1 import api_pb2 as pb
+
+from pycrid.sandbox.controller import SandboxAnchor, SandboxController
+from pycrid.store.pods import ContainerRecord, RecordStore, SandboxRecord
+
+
+class PodAnchors:
+    def __init__(self, *, controller: SandboxController,
+                 containers: RecordStore[ContainerRecord]) -> None:
+        self.controller = controller
+        self.containers = containers
+
+    def of(self, pod: SandboxRecord) -> SandboxAnchor:
+        """Memory only (a pause being created: its pid file)."""
+        own = self.controller.anchor(pod)
+        if own.pid or not pod.ready:
+            return own
+        pid = next((c.pid for c in self.containers.all()
+                    if c.sandbox_id == pod.id and c.state == pb.CONTAINER_RUNNING and c.pid > 0),
+                   0)
+        return dataclasses.replace(own, pid=pid)
+
+
+__all__ = ["PodAnchors"]
