@@ -143,7 +143,7 @@ async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> 
             svc.register(server)
         grpc_server = server
         cri_socket = publish(
-            path, lambda tmp: _add_unix_port(grpc_server, tmp), what="the CRI socket",
+            path, lambda at: _add_unix_port(grpc_server, at), what="the CRI socket",
             hint=CRI_SOCKET_HINT, mode=0o660,
             uid=cfg.grpc.uid, gid=cfg.grpc.gid)
         cri_cfg = loaded.plugins.get(f"{GRPC}.cri")
@@ -173,7 +173,9 @@ async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> 
         if server is not None:
             for svc in services.values():
                 svc.end_streams()  # open event streams would hold up the grace period
-            await server.stop(grace=5)
+            with (cri_socket.foreign_kept() if cri_socket is not None
+                  else contextlib.nullcontext()):
+                await server.stop(grace=5)
         if metrics_server is not None:
             await metrics_server.aclose()
         if plugins is not None:

@@ -2,10 +2,10 @@
 
 The rules: a socket another live process listens on is never replaced (the operator is
 told which config key to change); one nobody listens on is a dead daemon's and is
-replaced; a file that is not a socket is left alone. The new socket is bound under a
-temporary name, given its mode and owner, then renamed into place, so it appears whole
-and at once. At exit only the file this daemon created is removed: if another process
-has since put its own socket at the path, that one stays.
+replaced; a file that is not a socket is left alone. The socket is bound at its own path
+(so ``ss -xlp`` and /proc/net/unix show it by its name) under a umask that keeps it
+private until it has its mode and owner. At exit only the file this daemon created is
+removed: if another process has since put its own socket at the path, that one stays.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pycrid.errors import FailedPrecondition
@@ -43,33 +44,34 @@ def check_free(path: str, *, what: str, hint: str) -> bool:
     return True
 
 
-def _listening_inodes(path: str) -> set[str]:
-    """Inodes of listening unix sockets bound at ``path`` (/proc/net/unix)."""
-    found = set()
-    with contextlib.suppress(OSError), open("/proc/net/unix") as f:
-        next(f, None)
-        for line in f:
-            parts = line.split(None, 7)
-            # Num RefCount Protocol Flags Type St Inode Path; Flags 00010000 = listening
-            if len(parts) == 8 and parts[7].strip() == path and int(parts[3], 16) & 0x10000:
-                found.add(parts[6])
-    return found
+def listener_pid(path: str) -> int | None:
+    """The pid of the process that listens on the unix socket ``path`` (the kernel keeps
+    the listener's credentials for every connection: SO_PEERCRED); None when nothing
+    accepts there or the pid is not visible from our pid namespace (0)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+    try:
+        probe.connect(path)
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                 struct.calcsize("3i"))
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    pid = int(struct.unpack("3i", creds)[0])
+    return pid or None
 
 
 def listener_of(path: str) -> str:
-    """Who listens on the unix socket ``path``, e.g. "containerd, pid 812"; "" when /proc
-    does not tell (another network namespace, a process we cannot see)."""
-    targets = {f"socket:[{i}]" for i in _listening_inodes(path)}
-    if not targets:
+    """Who listens on the unix socket ``path``, e.g. "containerd, pid 812"; "" when that
+    cannot be told."""
+    pid = listener_pid(path)
+    if pid is None:
         return ""
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
-                        with open(f"/proc/{pid}/comm") as f:
-                            return f"{f.read().strip()}, pid {pid}"
-    return ""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f"{f.read().strip()}, pid {pid}"
+    except OSError:
+        return f"pid {pid}"
 
 
 def _listened_on(path: str) -> bool:
@@ -93,6 +95,25 @@ class SocketFile:
     dev: int
     ino: int
 
+    @contextlib.contextmanager
+    def foreign_kept(self) -> Iterator[None]:
+        """Around the stop of a server that unlinks its path itself (gRPC does): a socket
+        another process has put at the path meanwhile survives it (a hard link aside,
+        renamed back after)."""
+        aside = None
+        try:
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+                aside = f"{self.path}.{os.getpid()}.kept"
+                os.link(self.path, aside)
+        except OSError:
+            aside = None
+        try:
+            yield
+        finally:
+            if aside is not None:
+                os.replace(aside, self.path)
+
     def remove(self) -> None:
         """Unlink the path only while it is still the file we created."""
         try:
@@ -108,28 +129,24 @@ class SocketFile:
 
 def publish(path: str, bind: Callable[[str], None], *, what: str, hint: str,
             mode: int, uid: int = -1, gid: int = -1) -> SocketFile:
-    """Bind a listener with ``bind(temporary path)`` (which should also listen, so the
-    socket accepts from the moment it appears) and move it to ``path``."""
-    stale = check_free(path, what=what, hint=hint)
-    # Short, so the temporary name fits sun_path wherever the real one does.
-    tmp = os.path.join(os.path.dirname(path), f".{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+    """Bind a listener at ``path`` with ``bind(path)`` once nothing live is there (a dead
+    socket is removed first), then give it its mode and owner."""
+    if check_free(path, what=what, hint=hint):
+        log.info("replacing stale socket %s", path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     old_umask = os.umask(0o177)  # never reachable with a looser mode, even briefly
     try:
-        bind(tmp)
+        bind(path)
     finally:
         os.umask(old_umask)
     try:
-        os.chmod(tmp, mode)
-        os.chown(tmp, uid, gid)
-        st = os.lstat(tmp)
-        if stale:
-            log.info("replacing stale socket %s", path)
-        os.rename(tmp, path)
+        os.chmod(path, mode)
+        os.chown(path, uid, gid)
+        st = os.lstat(path)
     except OSError:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            os.unlink(path)
         raise
     return SocketFile(path, st.st_dev, st.st_ino)
 
@@ -139,8 +156,8 @@ def listen(path: str, *, what: str, hint: str, mode: int,
     """A non-blocking listening socket published at ``path``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
 
-    def bind(tmp: str) -> None:
-        sock.bind(tmp)
+    def bind(at: str) -> None:
+        sock.bind(at)
         sock.listen(backlog)
 
     try:

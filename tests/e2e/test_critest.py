@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from cri_api.v1 import api_pb2 as pb
 from tests.support import interop
 from tests.support.daemon import nri_paths, running_daemon
 from tests.support.pods import Pods, leftovers
-from tests.support.registry import LocalRegistry
+from tests.support.registry import LocalRegistry, local_registry
 
 pytestmark = pytest.mark.e2e
 
@@ -54,6 +55,14 @@ def _outcomes(report: Path) -> list[dict[str, str]]:
                 "message": (spec.get("Failure") or {}).get("Message", "").strip(),
             })
     return out
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[LocalRegistry]:
+    """A registry of its own: critest's images reuse names (busybox:latest, pause:3.10)
+    that the suite's shared registry holds other images under."""
+    with local_registry(tmp_path / "registry") as reg:
+        yield reg
 
 
 @pytest.mark.timeout(1200)

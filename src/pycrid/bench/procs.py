@@ -3,7 +3,6 @@ process, the per-container monitor processes, connections on a unix socket."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -11,6 +10,8 @@ import sys
 import time
 from collections.abc import Collection
 from typing import Any
+
+from pycrid import unixsock
 
 
 def memory_kib(pid: int) -> tuple[int, int]:
@@ -95,21 +96,8 @@ def _unix_sockets(path: str) -> list[tuple[int, str]]:
 
 
 def socket_owner(path: str) -> int | None:
-    """The pid holding the listening unix socket bound at ``path``: its inode from
-    /proc/net/unix, then the process with an fd on ``socket:[inode]``."""
-    listening = 0x10000  # __SO_ACCEPTCON
-    targets = {f"socket:[{inode}]" for flags, inode in _unix_sockets(path) if flags & listening}
-    if not targets:
-        return None
-    for pid in sorted(_pids()):
-        if pid == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
-                        return pid
-    return None
+    """The pid listening on the unix socket at ``path`` (any runtime's)."""
+    return unixsock.listener_pid(path)
 
 
 def accepted_connections(path: str) -> int:

@@ -6,6 +6,7 @@ is never taken over, a dead one is replaced, and at close only our own file is r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -40,9 +41,9 @@ class ContainerdEndpoint:
                                           ("grpc.max_receive_message_length", self._max)])
         server.add_generic_rpc_handlers(self._handlers)
 
-        def bind(tmp: str) -> None:
-            if not server.add_insecure_port(f"unix://{tmp}"):
-                raise FailedPrecondition(f"cannot listen on {tmp}")
+        def bind(at: str) -> None:
+            if not server.add_insecure_port(f"unix://{at}"):
+                raise FailedPrecondition(f"cannot listen on {at}")
 
         # containerd's own socket is root's, mode 0660.
         self._file = publish(self.path, bind, what=WHAT, hint=HINT, mode=0o660)
@@ -53,7 +54,9 @@ class ContainerdEndpoint:
 
     async def close(self) -> None:
         if self._server is not None:
-            await self._server.stop(grace=1)
+            with (self._file.foreign_kept() if self._file is not None
+                  else contextlib.nullcontext()):
+                await self._server.stop(grace=1)
             self._server = None
         if self._file is not None:
             self._file.remove()
