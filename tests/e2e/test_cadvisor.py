@@ -129,7 +129,9 @@ def test_pods_and_containers_as_containerd_records_them(daemon: Daemon) -> None:
 
 def test_a_pod_without_a_pause(daemon: Daemon) -> None:
     """drop_infra_ctr: the pod's cgroup is empty, and a running container of the pod stands
-    in as its process (the pid cAdvisor reads the pod's network counters from)."""
+    in as its process (the pid cAdvisor reads the pod's network counters from). cAdvisor
+    asks for that pid once, when the cgroup appears: so the cgroup is there only while a
+    container stands in, and is made anew when another one takes over."""
     pods = Pods(daemon.client)
     api = Containerd(containerd_socket(daemon.extra["base"]))
     pod = pod_config("pinned", labels={"io.kubernetes.pod.name": "pinned"})
@@ -140,19 +142,29 @@ def test_a_pod_without_a_pause(daemon: Daemon) -> None:
         sandbox = api.container(sid)
         assert sandbox.labels["io.cri-containerd.kind"] == "sandbox"
         assert json.loads(sandbox.spec.value) == {}  # no process, no spec of its own
-        assert os.path.isdir(f"/sys/fs/cgroup/memory/k8s.io/{sid}")  # what cAdvisor sees
+        cgroup = f"/sys/fs/cgroup/memory/k8s.io/{sid}"  # what cAdvisor sees
+        assert not os.path.isdir(cgroup)
         assert "no running task" in _not_found(api.task, sid)  # nothing runs yet
 
-        app_config = container_config(daemon.extra["busybox"], "app", command=["sleep", "1000"])
-        app_config.linux.security_context.namespace_options.pid = pb.CONTAINER
-        cid = pods.run_container(sid, app_config, pod)
-        app = api.task(cid)
+        def app(name: str) -> str:
+            cfg = container_config(daemon.extra["busybox"], name, command=["sleep", "1000"])
+            cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
+            return pods.run_container(sid, cfg, pod)
+
+        first = app("first")
         stand_in = api.task(sid)
-        assert (stand_in.status, stand_in.pid) == (task_pb2.RUNNING, app.pid)
+        assert (stand_in.status, stand_in.pid) == (task_pb2.RUNNING, api.task(first).pid)
         with open(f"/proc/{stand_in.pid}/net/dev") as f:
             assert "eth0:" in f.read()
-        pods.stop(cid)
+        made = os.stat(cgroup).st_ino
+        second = app("second")
+        assert os.stat(cgroup).st_ino == made  # the first still stands in
+        pods.stop(first)
+        assert api.task(sid).pid == api.task(second).pid
+        assert os.stat(cgroup).st_ino != made  # made anew: cAdvisor asks again
+        pods.stop(second)
         assert "no running task" in _not_found(api.task, sid)
+        assert not os.path.isdir(cgroup)
     finally:
         api.channel.close()
         pods.cleanup()

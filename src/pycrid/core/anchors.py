@@ -21,19 +21,30 @@ from pycrid.store.pods import ContainerRecord, RecordStore, SandboxRecord
 
 class PodAnchors:
     def __init__(self, *, controller: SandboxController,
+                 sandboxes: RecordStore[SandboxRecord],
                  containers: RecordStore[ContainerRecord]) -> None:
         self.controller = controller
+        self.sandboxes = sandboxes
         self.containers = containers
+
+    def refresh(self, sandbox_id: str) -> None:
+        """After one of the pod's containers started or exited (and for every pod after a
+        restart): its controller learns which container stands for the pod now."""
+        pod = self.sandboxes.get(sandbox_id)
+        if pod is not None and pod.ready:
+            self.controller.stand_in(pod, self._running_pid(pod.id))
+
+    def _running_pid(self, sandbox_id: str) -> int:
+        return next((c.pid for c in self.containers.all()
+                     if c.sandbox_id == sandbox_id and c.state == pb.CONTAINER_RUNNING
+                     and c.pid > 0), 0)
 
     def of(self, pod: SandboxRecord) -> SandboxAnchor:
         """Memory only (a pause being created: its pid file)."""
         own = self.controller.anchor(pod)
         if own.pid or not pod.ready:
             return own
-        pid = next((c.pid for c in self.containers.all()
-                    if c.sandbox_id == pod.id and c.state == pb.CONTAINER_RUNNING and c.pid > 0),
-                   0)
-        return dataclasses.replace(own, pid=pid)
+        return dataclasses.replace(own, pid=self._running_pid(pod.id))
 
 
 __all__ = ["PodAnchors"]

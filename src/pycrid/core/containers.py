@@ -25,6 +25,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core import events
+from pycrid.core.anchors import PodAnchors
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri import NRI
 from pycrid.core.nri_objects import resources_from_cri
@@ -131,9 +132,11 @@ class ContainerManager:
                  handlers: Mapping[str, HandlerSpec] | None = None,
                  default_handler: str = "runc",
                  resource_policy: ResourcePolicy | None = None,
-                 unset_seccomp_profile: str = "") -> None:
+                 unset_seccomp_profile: str = "", anchors: PodAnchors | None = None) -> None:
         self.store = store
         self.events = events
+        #: Told when a container starts or exits: it may now stand for its pod.
+        self.anchors = anchors
         self.sandboxes = sandboxes
         self.controller = controller
         self.runtime = runtime
@@ -436,6 +439,8 @@ class ContainerManager:
         # Killed here, recovery finds runc's container running and finishes the start.
         failpoint("container.started")
         rec = self.store.update(rec.id, started_at=started)
+        if self.anchors is not None:
+            self.anchors.refresh(rec.sandbox_id)
         self.events.emit(events.STARTED, rec.id, rec.sandbox_id)
         await self.nri.post_start(rec)
 
@@ -550,6 +555,8 @@ class ContainerManager:
     def _finish(self, cid: str, at_ns: int, code: int, reason: str, message: str) -> None:
         rec = self.store.update(cid, finished_at=at_ns, exit_code=code, reason=reason,
                                 message=message, pid=0)
+        if self.anchors is not None:
+            self.anchors.refresh(rec.sandbox_id)
         self.events.emit(events.STOPPED, cid, rec.sandbox_id)
         self.sessions.end(cid, f"container {cid} exited with {code}")
 

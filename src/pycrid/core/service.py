@@ -144,6 +144,8 @@ class CRIService:
         self.warnings.extend(self.nri.adaptation.warnings if self.nri.adaptation else ())
         self.monitor.start()
         await self.monitor.idle()
+        for pod in self.pods.store.visible():
+            self.anchors.refresh(pod.id)  # what stands for each pod, known again
         self._checks = asyncio.create_task(self._check_networks(to_check),
                                            name="CNI CHECK after restart")
         self.stats.start()
@@ -315,7 +317,7 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     controller = SandboxRouter(controllers, lambda sid: (
         rec.controller if (rec := sandboxes.get(sid)) is not None else None))
     ctr_store = container_store(db)
-    anchors = PodAnchors(controller=controller, containers=ctr_store)
+    anchors = PodAnchors(controller=controller, sandboxes=sandboxes, containers=ctr_store)
     events = ContainerEvents(sandboxes, ctr_store)
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
                             else "cgroupfs")
@@ -335,7 +337,7 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
             probe_cgroups(), runtime_config.disable_hugetlb_controller,
             runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit),
         default_handler=runtime_config.default_runtime_name,
-        unset_seccomp_profile=runtime_config.unset_seccomp_profile)
+        unset_seccomp_profile=runtime_config.unset_seccomp_profile, anchors=anchors)
     nri.bind(apply_resources=containers.apply_resources, evict=containers.evict)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"))

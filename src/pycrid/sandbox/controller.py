@@ -110,6 +110,11 @@ class SandboxController(abc.ABC):
         """The namespaces the pod's containers join."""
 
     @abc.abstractmethod
+    def stand_in(self, sandbox: SandboxRecord, pid: int) -> None:
+        """The pod's running container that stands for it changed (``pid``; 0: none runs).
+        Only a controller without a process of its own cares (see PinnedController)."""
+
+    @abc.abstractmethod
     def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
         """Which cgroup and which process of its own stand for this pod (see
         SandboxAnchor; pid 0 when it has none: the core then names a running container).

@@ -173,6 +173,9 @@ class PauseController(SandboxController):
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self.waiters.notify(exit_)
 
+    def stand_in(self, sandbox: SandboxRecord, pid: int) -> None:
+        pass  # the pause stands for its pod
+
     def namespaces(self, rec: SandboxRecord) -> Namespaces:
         """Everything through the pause's /proc/<pid>/ns (a namespace the pause took from
         the host is the host's there too)."""

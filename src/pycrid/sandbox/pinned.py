@@ -9,7 +9,8 @@ are pinned; the pod's containers join them by path. No conmon, no runc.
 
 The pod still gets an (empty) cgroup of its own under its cgroup parent, as
 CRI-O makes one for a pod whose infra container it dropped: node agents that
-know pods by their sandbox cgroup (the kubelet's cAdvisor) find it there.
+know pods by their sandbox cgroup (the kubelet's cAdvisor) find it there, with a
+running container of the pod standing in as its process (``stand_in``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class PinnedController(SandboxController):
                                   resolv_file=resolv_file)
         self.cgroups = cgroups
         self.cgroup_driver = cgroup_driver
+        #: The pid of the container that stands for each pod now (see stand_in).
+        self._stand_ins: dict[str, int] = {}
 
     # ---- where things are ---------------------------------------------------------------
 
@@ -134,8 +137,6 @@ class PinnedController(SandboxController):
                 pins.write_sysctls(net)
 
             pins.in_own_thread(in_netns, "netns-sysctl")
-        for d in cgroup_dirs:
-            os.makedirs(d, exist_ok=True)
         failpoint("sandbox.cgroup")
 
     async def start(self, sandbox_id: str) -> int:
@@ -146,7 +147,23 @@ class PinnedController(SandboxController):
         (CRI-O drops the pinned namespaces at stop too)."""
         await asyncio.to_thread(self._stop, sandbox_id)
 
+    def stand_in(self, sandbox: SandboxRecord, pid: int) -> None:
+        """The pod's cgroup exists while one of its containers stands for it, and is made
+        anew whenever another one does: the kubelet's cAdvisor asks for a sandbox's pid
+        once, when its cgroup appears, and keeps it (google/cadvisor#3577, where CRI-O's
+        pods without infra lose their network stats for good)."""
+        if self._stand_ins.get(sandbox.id) == pid:
+            return
+        dirs = (self._layout(sandbox.id) or {}).get("cgroups") or []
+        _remove_dirs(dirs)
+        if pid:
+            for d in dirs:
+                os.makedirs(d, exist_ok=True)
+        self._stand_ins[sandbox.id] = pid
+
     def _stop(self, sid: str) -> None:
+        self._stand_ins.pop(sid, None)
+        _remove_dirs((self._layout(sid) or {}).get("cgroups") or [])
         bundle = self.pod_files.bundle(sid)
         if os.path.isdir(bundle):
             with open(os.path.join(bundle, _STOPPED), "w"):
@@ -182,17 +199,7 @@ class PinnedController(SandboxController):
         await asyncio.to_thread(self._shutdown, sandbox_id)
 
     def _shutdown(self, sid: str) -> None:
-        layout = self._layout(sid) or {}
         self._stop(sid)
-        for d in layout.get("cgroups") or ():  # empty: its containers' are gone by now
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                if e.errno != errno.EBUSY:
-                    raise
-                log.warning("pod cgroup %s still in use; left in place", d)
         self.pod_files.remove(sid)
         shutil.rmtree(self.pod_files.bundle(sid), ignore_errors=True)
 
@@ -216,3 +223,16 @@ class PinnedController(SandboxController):
         except InvalidArgument:  # a parent that does not fit the driver: none was made
             path = ""
         return SandboxAnchor(cgroups_path=path, pid=0, spec="")
+
+
+def _remove_dirs(dirs: list[str]) -> None:
+    """The pod's empty cgroup (its containers' cgroups are their own, beside it)."""
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            log.warning("pod cgroup %s still in use; left in place", d)

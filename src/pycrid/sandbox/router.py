@@ -71,6 +71,9 @@ class SandboxRouter(SandboxController):
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self._of(sandbox_id).exited(sandbox_id, exit_)
 
+    def stand_in(self, sandbox: SandboxRecord, pid: int) -> None:
+        self.controllers[sandbox.controller].stand_in(sandbox, pid)
+
     def namespaces(self, rec: SandboxRecord) -> Namespaces:
         return self.controllers[rec.controller].namespaces(rec)
 
