@@ -57,6 +57,12 @@ def test_lifecycle_output_exit_code(daemon: Daemon, pods: Pods, tmp_path: Path) 
     assert st.log_path == log
     assert log_text(log, "stdout") == "out\n"
     assert log_text(log, "stderr") == "err\n"
+    # runc's container is deleted once its exit is recorded (containerd deletes the task at
+    # its exit): RemoveContainer has no runc left to run.
+    runc_root = os.path.join(daemon.state, "runc")
+    wait_for(lambda: not os.path.exists(os.path.join(runc_root, cid)), 10,
+             "runc's container to be deleted after its exit")
+    assert pods.status(cid).status.state == pb.CONTAINER_EXITED
     pods.remove(cid)
     with pytest.raises(grpc.RpcError) as e:
         pods.status(cid)

@@ -534,6 +534,12 @@ class ContainerManager:
         failpoint("exit.handle")
         self.record_exit(exit_)
         await self.nri.container_exited(exit_.id)
+        # The runc container is done with once its exit is recorded (the OOM check read its
+        # cgroup): delete it now, as containerd deletes a task when it exits, so that
+        # RemoveContainer has no runc to run.
+        async with self.locks(exit_.id).write():
+            if self.store.get(exit_.id) is not None:
+                await self.runtime.delete(exit_.id)
 
     def record_exit(self, exit_: Exit) -> None:
         """The exit in the record, once: reason OOMKilled when conmon saw the cgroup's OOM

@@ -118,6 +118,8 @@ class ConmonRuntime(ContainerRuntime):
         raise Unknown(f"runc kill {object_id} {sig}: {err}")
 
     async def delete(self, object_id: str) -> None:
+        if not os.path.isdir(os.path.join(self.runc_root, object_id)):
+            return  # runc knows nothing of it (deleted at its exit, or never created)
         rc, _, err = await self._runc("delete", "--force", object_id)
         if rc != 0 and "does not exist" not in err:
             raise Unknown(f"runc delete {object_id}: {err}")
