@@ -283,7 +283,8 @@ class _Controller:
 def test_a_pod_without_a_process_takes_a_running_containers_pid(tmp_path: Path) -> None:
     db = Database(str(tmp_path / "db.sqlite"))
     ctrs = container_store(db)
-    anchors = PodAnchors(controller=_Controller(), containers=ctrs)  # type: ignore[arg-type]
+    anchors = PodAnchors(controller=_Controller(), sandboxes=sandbox_store(db),  # type: ignore[arg-type]
+                         containers=ctrs)
     pod = sandbox(pid=0, controller="pinned")
     assert anchors.of(pod).pid == 0  # nothing runs yet
     ctrs.put(container(pid=4300, started_at=0))  # created, not started
@@ -294,6 +295,32 @@ def test_a_pod_without_a_process_takes_a_running_containers_pid(tmp_path: Path) 
     got = anchors.of(pod)
     assert (got.pid, got.cgroups_path) == (4300, f"/k8s.io/{SID}")
     assert anchors.of(sandbox(phase="notready", pid=0, controller="pinned")).pid == 0
+
+
+def test_a_pod_without_a_process_has_its_cgroup_while_a_container_stands_in(
+        tmp_path: Path) -> None:
+    """Made when one of its containers starts standing in, made anew when another takes
+    over (cAdvisor asks for the pid only when the cgroup appears), gone when none runs."""
+    hierarchy = Hierarchy(v1={"memory": str(tmp_path / "memory"), "cpu": str(tmp_path / "cpu")})
+    pinned = PinnedController(root_dir=str(tmp_path / "r"), state_dir=str(tmp_path / "s"),
+                              cgroups=hierarchy)
+    rec = sandbox(pid=0, controller="pinned")
+    layout = tmp_path / "s" / "sandboxes" / SID
+    layout.mkdir(parents=True)
+    dirs = [str(tmp_path / m / "k8s.io" / SID) for m in ("cpu", "memory")]
+    (layout / "sandbox.json").write_text(json.dumps({"pins": {}, "cgroups": dirs}))
+    pinned.stand_in(rec, 0)
+    assert not any(Path(d).exists() for d in dirs)
+    pinned.stand_in(rec, 4300)
+    assert all(Path(d).is_dir() for d in dirs)
+    Path(dirs[0], "marker").touch()  # a plain directory here: the marker shows a re-make
+    pinned.stand_in(rec, 4300)
+    assert Path(dirs[0], "marker").exists()  # same stand-in: left alone
+    Path(dirs[0], "marker").unlink()
+    pinned.stand_in(rec, 4400)
+    assert all(Path(d).is_dir() for d in dirs)
+    pinned.stand_in(rec, 0)
+    assert not any(Path(d).exists() for d in dirs)
 
 
 def test_the_pinned_controllers_anchor(tmp_path: Path) -> None:
