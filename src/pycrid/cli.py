@@ -88,7 +88,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pycrid.builtins import registry
     from pycrid.config.decode import ConfigError
     from pycrid.config.loader import default_config_path, load
-    from pycrid.daemon import serve
+    from pycrid.daemon import serve, use_pidfd_child_watcher
     from pycrid.preflight import require_root
 
     try:
@@ -109,6 +109,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.address:
         cfg.grpc = dataclasses.replace(cfg.grpc, address=args.address)
     logsetup.setup(args.log_level or cfg.debug.level, args.log_format or cfg.debug.format)
+    use_pidfd_child_watcher()
     try:
         asyncio.run(serve(loaded))
     except ConfigError as e:  # found while starting (e.g. an unreadable TLS file)

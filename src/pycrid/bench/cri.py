@@ -45,20 +45,27 @@ class Client:
                                 timeout=60)
 
 
-def pod_config(name: str = "", *, host_network: bool = False) -> Any:
-    """A pod in the ``pycrid-bench`` namespace (on the runtime's pod network, or the
-    node's with ``host_network``)."""
+def pod_config(name: str = "", *, host_network: bool = False,
+               shared_pid: bool = False) -> Any:
+    """A pod in the ``pycrid-bench`` namespace as the kubelet asks for one (each container
+    its own PID namespace, unless ``shared_pid``: shareProcessNamespace), on the runtime's
+    pod network or, with ``host_network``, the node's."""
     name = name or "bench-" + secrets.token_hex(4)
     cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(
         name=name, namespace=NAMESPACE, uid="uid-" + name, attempt=0))
+    opts = cfg.linux.security_context.namespace_options
+    opts.pid = pb.POD if shared_pid else pb.CONTAINER
     if host_network:
-        cfg.linux.security_context.namespace_options.network = pb.NODE
+        opts.network = pb.NODE
     return cfg
 
 
-def container_config(image: str, name: str, command: list[str]) -> Any:
-    return pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
-                              image=pb.ImageSpec(image=image), command=command)
+def container_config(image: str, name: str, command: list[str], *,
+                     shared_pid: bool = False) -> Any:
+    cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name),
+                             image=pb.ImageSpec(image=image), command=command)
+    cfg.linux.security_context.namespace_options.pid = pb.POD if shared_pid else pb.CONTAINER
+    return cfg
 
 
 class Pods:

@@ -20,6 +20,7 @@ FIGURES = {
     POD_START: RUNC_CS,
     "RunPodSandbox": None,
     "RunPodSandbox hostNetwork": None,
+    "RunPodSandbox shared PID": None,
     CREATE_START: RUNC_CS,
     "CreateContainer": "runc create",
     "StartContainer": "runc start",
@@ -33,8 +34,9 @@ SLEEP = ["sleep", "3600"]
 
 
 def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None) -> None:
-    """One CRI pod lifecycle, one hostNetwork RunPodSandbox (the pod without CNI) and one
-    runc create/start/delete; ``samples=None`` is a warm-up."""
+    """One CRI pod lifecycle (the kubelet's usual pod: no shared PID namespace), one
+    hostNetwork RunPodSandbox (the pod without CNI), one with a shared PID namespace and
+    one runc create/start/delete; ``samples=None`` is a warm-up."""
     got: dict[str, float] = {}
     pods = target.pods
     pod = pod_config("bench-" + secrets.token_hex(4))
@@ -51,6 +53,11 @@ def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None
     got["RunPodSandbox hostNetwork"], hid = timed(lambda: pods.run(host_pod))
     pods.stop_pod(hid)
     pods.remove_pod(hid)
+    # shareProcessNamespace: a runtime needs a process to hold the pod's PID namespace.
+    shared = pod_config("bench-shared-" + secrets.token_hex(4), shared_pid=True)
+    got["RunPodSandbox shared PID"], pid_pod = timed(lambda: pods.run(shared))
+    pods.stop_pod(pid_pod)
+    pods.remove_pod(pid_pod)
 
     rid = "bench-" + secrets.token_hex(6)
     runc.config_for(rid)
