@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import subprocess
 from collections.abc import Collection
 from typing import Any
@@ -23,6 +24,8 @@ CNI_SECTION = '[plugins."pycrid.cri.v1.runtime".cni]'
 BIN_DIRS = ["/usr/lib/cni", "/opt/cni/bin"]
 _subnets: dict[str, int] = {}
 _configured: set[str] = set()
+#: The alias this process gives the bridges it claims.
+_MARK = f"pycrid-test-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def _index(base: str) -> int:
@@ -36,6 +39,9 @@ def _index(base: str) -> int:
         r = subprocess.run(["ip", "link", "add", f"{BRIDGE_PREFIX}{n}", "type", "bridge"],
                            capture_output=True, check=False)
         if r.returncode == 0:
+            # Marked as this process's: it deletes only bridges still carrying its mark.
+            subprocess.run(["ip", "link", "set", f"{BRIDGE_PREFIX}{n}", "alias", _MARK],
+                           capture_output=True, check=False)
             _subnets[base] = n
             return n
     raise RuntimeError("no free test bridge pcrt1..pcrt250")
@@ -178,9 +184,14 @@ def remove_portmap_scaffolding() -> None:
 
 
 def remove_bridges() -> None:
-    """Delete the bridges of every daemon of this process (tests, benchmarks)."""
+    """Delete the bridges of every daemon of this process (tests, benchmarks): those that
+    still carry this process's mark (one deleted meanwhile may be another's by now)."""
     for base in daemon_bases():
-        subprocess.run(["ip", "link", "del", bridge_of(base)], capture_output=True, check=False)
+        name = bridge_of(base)
+        shown = subprocess.run(["ip", "-o", "link", "show", name], capture_output=True,
+                               text=True, check=False).stdout
+        if f"alias {_MARK}" in shown:
+            subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
 def ip_forward() -> str:
