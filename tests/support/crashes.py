@@ -180,7 +180,8 @@ class Ledger:
 
 class Interrupted(Exception):
     """A call failed: the daemon was killed under it (or just before it), or (never
-    expected) it answered an error. The worker removes its pod and begins again."""
+    expected) it answered an error. The worker waits until calls may start again and
+    goes on from what the restart's lists showed."""
 
 
 class Stopping(Exception):
@@ -225,7 +226,7 @@ class Report:
     errors: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
-    #: Objects whose create was in flight, found in the lists (and then removed).
+    #: Objects whose create was in flight, found in the lists (recognised by name).
     adopted: int = 0
     seconds: float = 0.0
     #: Traces the daemons' orphan sweeps removed (no record explained them: a create the
@@ -529,7 +530,10 @@ class Worker:
         pod_state = self._state(pod)
         if pod_state == ABSENT:
             return self.run_pod(pod.key)  # its RunPodSandbox did not survive: again
-        if pod_state is None or not pod.id or pod_state == NOTREADY:
+        if not pod.id:  # its RunPodSandbox failed (an error, reported): start over
+            self.pod = None
+            return None
+        if pod_state is None or pod_state == NOTREADY:
             return self.call_pod("RemovePodSandbox", pod)
         if self.abandon:
             return self.call_pod(self.rng.choice(("StopPodSandbox", "RemovePodSandbox")), pod)
