@@ -8,9 +8,10 @@ daemon dies under the call, restarts it without fail points and checks:
   truth gives it (a container SIGKILLed before the crash is EXITED, one whose
   ``runc start`` ran is RUNNING), and nothing the client was not told of is
   visible;
-* no trace of any other object is left: bundles, volumes, exit files, runc
-  state, conmon processes, mounts, netns, CNI cache entries and pod IPs,
-  writable snapshots and image volume views, container cgroups;
+* recovery finished or undid the operation by itself (the orphan sweep, for traces
+  no record explains, removed nothing), and no trace of any other object is left:
+  bundles, volumes, exit files, runc state, conmon processes, mounts, netns, CNI cache
+  entries and pod IPs, writable snapshots and image volume views, container cgroups;
 * the operation, retried, succeeds; afterwards removing everything leaves
   nothing at all (``leftovers``).
 """
@@ -244,6 +245,12 @@ def _listed(pods: Pods) -> tuple[dict[str, int], dict[str, int]]:
                                                       timeout=30).containers})
 
 
+def _log_since(d: Daemon, offset: int) -> str:
+    with open(d.log_path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 def strays(d: Daemon, pods: set[str], containers: set[str]) -> list[str]:
     """Traces of any object other than ``pods`` and ``containers``."""
     known = pods | containers
@@ -296,11 +303,15 @@ def test_kill_at_every_step(op: str, point: str, pinned: bool, tmp_path: Path,
         d.proc.wait(30)
         assert d.proc.returncode == -signal.SIGKILL, f"the daemon did not die at {point}"
     world = s.expected(world)
+    offset = os.path.getsize(tmp_path / "pycrid.log")
     with _start(tmp_path, registry, test_images) as d:
         pods = Pods(d.client)
         try:
             assert _listed(pods) == (world.pods, world.containers)
             assert strays(d, set(world.pods), set(world.containers)) == []
+            # Recovery itself finished or undid the operation: the orphan sweep (for
+            # traces no record explains) found nothing.
+            assert "removed orphaned" not in _log_since(d, offset)
             if op == "PullImage":
                 assert d.client.list(s.layered) == []  # the client was never told of it
             s.retry(d, pods, world)()

@@ -129,9 +129,12 @@ class CRIService:
         await self.images.recover()
         started = time.monotonic()
         states = await self.runtime.states()
+        recorded = set(self.pods.store.ids()) | set(self.containers.store.ids())
         to_check = await self.pods.recover(states, self.monitor.submit)
         await self.containers.recover(states, self.monitor.submit)
-        await self._sweep_orphans(set(states))
+        # runc's view is from before recovery: the containers of records recovery rolled
+        # back or removed are in it, gone by now, and no orphans.
+        await self._sweep_orphans(set(states) - recorded)
         self.recovery_seconds = time.monotonic() - started
         log.info("recovered %d pods and %d containers in %.1f ms", len(self.pods.store.ids()),
                  len(self.containers.store.ids()), self.recovery_seconds * 1000)
