@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.support.daemon import mounts_under
-from tests.support.registry import _die_with_parent, free_port
+from tests.support.registry import dying_with_parent, free_port
 
 #: What the kubelet sets at start unless protectKernelDefaults (its setupKernelTunables).
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
@@ -241,8 +241,8 @@ def running_kubelet(binary: str, base: str, *, runtime_socket: str,
     log_path = os.path.join(base, "kubelet.stderr")
     problems: list[str] = []
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(dying_with_parent(cmd), stdout=logf, stderr=logf,
+                                stdin=subprocess.DEVNULL)
     kubelet = Kubelet(base=base, port=port, proc=proc, log_path=log_path, manifests=static)
     try:
         kubelet.wait_serving()

@@ -22,11 +22,9 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import ctypes
 import http.client
 import json
 import secrets
-import signal
 import socket
 import ssl
 import subprocess
@@ -61,12 +59,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the test process dies without
-    # cleaning up (SIGKILL, a crashed interpreter), the kernel kills the registry too.
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+def dying_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run so that the kernel kills it if the test process dies without cleaning
+    up (SIGKILL, a crashed interpreter): util-linux's setpriv sets the parent-death signal
+    and execs it. Not Python code between fork and exec (``preexec_fn``): with gRPC's
+    threads in the test process, its fork handlers can kill that child before the exec.
+    PDEATHSIG follows the forking *thread*, so only from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return argv
+    return ["setpriv", "--pdeathsig", "KILL", *argv]
 
 
 # ---------------------------------------------------------------------------
@@ -505,14 +506,11 @@ class LocalRegistry:
         config = self.workdir / "config.yml"
         # JSON is YAML, and it spares a YAML emitter.
         config.write_text(json.dumps(self._config(), indent=2))
-        on_main = threading.current_thread() is threading.main_thread()
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [REGISTRY_BIN, "serve", str(config)],
+                dying_with_parent([REGISTRY_BIN, "serve", str(config)]),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.workdir, env={"PATH": "/usr/bin:/bin"},
-                # PDEATHSIG follows the forking *thread*; only arm it where that is the process.
-                preexec_fn=_die_with_parent if on_main else None,
             )
         deadline = time.monotonic() + timeout
         # A short timeout: whoever won a port race may accept and never answer.
