@@ -5,6 +5,7 @@ real process in a real container answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import re
@@ -122,8 +123,18 @@ async def test_tty_resize(daemon: Daemon, pod: Any, transport: str) -> None:
     await session.write_stdin(b"stty size; echo term=$TERM\n")
     await session.wait_output(lambda b: b"33 111" in b and b"term=xterm" in b)
     await session.resize(80, 24)
-    await session.write_stdin(b"stty size; exit 3\n")
-    await session.wait_output(lambda b: b"24 80" in b)
+    # runc copies a later size to the container's terminal in its SIGWINCH handler,
+    # apart from the input it copies (as the client's resize and stdin are separate
+    # streams): the size is applied eventually, not before the next keystroke. Ask
+    # until it shows.
+    for _ in range(75):
+        await session.write_stdin(b"stty size\n")
+        with contextlib.suppress(TimeoutError):
+            await session.wait_output(lambda b: b"24 80" in b, limit=0.2)
+            break
+    else:
+        raise AssertionError(f"the terminal never became 24x80: {bytes(session.out)!r}")
+    await session.write_stdin(b"exit 3\n")
     result = await session.wait()
     assert result.exit_code == 3
 
