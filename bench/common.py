@@ -164,7 +164,7 @@ class Target(BaseTarget):
     daemon: Daemon | None = None
 
 
-def remove_all_pods(pods: Pods | SupportPods, settle: float = 1.0,
+def remove_all_pods(pods: Pods, settle: float = 1.0,
                     limit: float = 30.0) -> None:
     """Stop and remove every pod the runtime lists, until it has listed none for
     ``settle`` seconds: a RunPodSandbox cut short by Ctrl-C may still be finishing.
@@ -210,9 +210,8 @@ class HostSnapshot:
 
     @classmethod
     def take(cls, base: Path | None = None) -> HostSnapshot:
-        told = Pods.told | SupportPods.told
-        ours = None if base is None else {*told, str(base)}
-        ids = None if base is None else told
+        ours = None if base is None else {*Pods.told, str(base)}
+        ids = None if base is None else Pods.told
         return cls(monitor_pids(ours), runc_pids(ours), set(container_cgroups(ids)),
                    veths(our_bridges() if base is not None else None),
                    set(pod_nat_rules(ids)))

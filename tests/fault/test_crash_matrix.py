@@ -66,7 +66,7 @@ MATRIX: dict[str, list[str]] = {
 #: pause's would be.
 PINNED: dict[str, list[str]] = {
     "RunPodSandbox": ["sandbox.record", "sandbox.netns", "sandbox.network", "sandbox.files",
-                      "sandbox.shm", "sandbox.pinned", "sandbox.cgroup"],
+                      "sandbox.shm", "sandbox.pinned"],
     "CreateContainer": ["container.record", "container.bundle", "container.created"],
     "StopPodSandbox": ["sandbox.stop", "sandbox.stopped", "sandbox.detached"],
     "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],

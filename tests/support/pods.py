@@ -7,10 +7,11 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Collection, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.bench.cri import Pods as BenchPods
 from tests.support.daemon import CRIClient, Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.registry import LocalRegistry
@@ -56,71 +57,28 @@ def container_config(image: str, name: str = "c", *, command: list[str] | None =
                               args=args or [], log_path=log_path, **kw)
 
 
-class Pods:
-    """Thin wrappers that remember what they made, so a test can clean up in one call."""
-
-    #: Every pod and container id any ``Pods`` of this process was told (the benchmarks'
-    #: leak check judges only these on a node other runtimes share).
-    told: ClassVar[set[str]] = set()
+class Pods(BenchPods):
+    """The benchmarks' CRI wrappers (they remember what they made, so a test cleans up in
+    one call, and the leak checks know this process's ids), plus what tests ask besides."""
 
     def __init__(self, client: CRIClient) -> None:
-        self.rt = client.runtime
-        self.pods: list[str] = []
-
-    def run(self, config: Any, handler: str = "") -> str:
-        sid = self.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config,
-                                                            runtime_handler=handler),
-                                    timeout=60).pod_sandbox_id
-        self.pods.append(sid)
-        Pods.told.add(sid)
-        return str(sid)
-
-    def create(self, sid: str, config: Any, pod: Any) -> str:
-        cid = str(self.rt.CreateContainer(pb.CreateContainerRequest(
-            pod_sandbox_id=sid, config=config, sandbox_config=pod), timeout=60).container_id)
-        Pods.told.add(cid)
-        return cid
-
-    def start(self, cid: str) -> None:
-        self.rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
-
-    def run_container(self, sid: str, config: Any, pod: Any) -> str:
-        cid = self.create(sid, config, pod)
-        self.start(cid)
-        return cid
-
-    def status(self, cid: str, verbose: bool = False) -> Any:
-        return self.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid,
-                                                                 verbose=verbose), timeout=30)
+        super().__init__(client.runtime)
 
     def pod_status(self, sid: str, verbose: bool = False) -> Any:
         return self.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid,
                                                                    verbose=verbose), timeout=30)
 
-    def stop(self, cid: str, timeout: int = 0) -> None:
-        self.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=timeout),
-                              timeout=timeout + 60)
-
-    def remove(self, cid: str) -> None:
-        self.rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=60)
-
     def exec(self, cid: str, cmd: list[str], timeout: int = 0) -> Any:
         return self.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=cmd, timeout=timeout),
                                 timeout=timeout + 60)
-
-    def stop_pod(self, sid: str) -> None:
-        self.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-
-    def remove_pod(self, sid: str) -> None:
-        self.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=120)
-        if sid in self.pods:
-            self.pods.remove(sid)
 
     def cleanup(self) -> None:
         for sid in list(self.pods):
             self.remove_pod(sid)
 
     def wait_state(self, cid: str, state: int, timeout: float = 30) -> Any:
+        """The status once the container is in ``state`` (an AssertionError after
+        ``timeout``)."""
         return wait_for(lambda: (s := self.status(cid).status).state == state and s,
                         timeout, f"container {cid} to reach {pb.ContainerState.Name(state)}")
 

@@ -85,9 +85,10 @@ class Pods:
         self.rt = runtime
         self.pods: list[str] = []
 
-    def run(self, config: Any) -> str:
+    def run(self, config: Any, handler: str = "") -> str:
         Pods.asked.add(config.metadata.name)
-        sid = str(self.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config),
+        sid = str(self.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config,
+                                                                runtime_handler=handler),
                                         timeout=120).pod_sandbox_id)
         Pods.answered.add(config.metadata.name)
         self.pods.append(sid)

@@ -31,7 +31,9 @@ class PodAnchors:
         """After one of the pod's containers started or exited (and for every pod after a
         restart): its controller learns which container stands for the pod now."""
         pod = self.sandboxes.get(sandbox_id)
-        if pod is not None and pod.ready:
+        if pod is not None and pod.ready and not self.controller.anchor(pod).pid:
+            # Only a pod without a process of its own needs a stand-in (and the walk over
+            # every container that finds one).
             self.controller.stand_in(pod, self._running_pid(pod.id))
 
     def _running_pid(self, sandbox_id: str) -> int:

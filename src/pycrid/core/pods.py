@@ -64,6 +64,11 @@ def _validate(config: pb.PodSandboxConfig, handler: str, handlers: Collection[st
     validate_pod_security(config)  # sysctls, seccomp profile: before any side effect
 
 
+def _own_userns(opts: pb.NamespaceOption) -> bool:
+    """The pod asks for a user namespace of its own."""
+    return opts.HasField("userns_options") and opts.userns_options.mode == pb.POD
+
+
 class PodManager:
     def __init__(self, *, store: RecordStore[SandboxRecord], controller: SandboxController,
                  containers: ContainerManager, images: ImageService, netns_dir: str,
@@ -120,8 +125,7 @@ class PodManager:
         _validate(config, handler, self.handlers)
         chosen = handler or self.default_handler  # the record keeps the name as asked
         opts = config.linux.security_context.namespace_options
-        if opts.HasField("userns_options") and opts.userns_options.mode == pb.POD \
-                and chosen not in self.userns_handlers:
+        if _own_userns(opts) and chosen not in self.userns_handlers:
             # The kubelet checks this handler feature (Status) before asking; refuse a
             # request that skipped the check instead of failing deep inside runc.
             raise InvalidArgument(f"runtime handler {chosen!r} does not support user "
@@ -181,7 +185,7 @@ class PodManager:
         (CRI-O's NeedsInfra); "pause" otherwise, and always for user-namespace pods."""
         opts = config.linux.security_context.namespace_options
         if (not self.drop_infra or opts.pid == pb.POD or handler in self.podsandbox_handlers
-                or (opts.HasField("userns_options") and opts.userns_options.mode == pb.POD)):
+                or _own_userns(opts)):
             return "pause"
         return "pinned"
 

@@ -91,13 +91,6 @@ class SandboxController(abc.ABC):
         """Delete every trace of the sandbox (idempotent; also undoes a partial create)."""
 
     @abc.abstractmethod
-    def platform(self, sandbox_id: str) -> str:
-        """The OS/architecture the sandbox runs (``linux/amd64``)."""
-
-    @abc.abstractmethod
-    async def update(self, sandbox_id: str, resources: pb.LinuxContainerResources) -> None: ...
-
-    @abc.abstractmethod
     def files(self, sandbox_id: str) -> SandboxFiles:
         """The per-pod files the pod's containers mount (hostname, hosts, resolv.conf, shm)."""
 

@@ -14,14 +14,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import platform
 import signal
 from collections.abc import Mapping
 from typing import Any
 
-from cri_api.v1 import api_pb2 as pb
-
-from pycrid.errors import InvalidArgument, NotFound, Unimplemented
+from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.mounts import SandboxFiles
@@ -49,7 +46,6 @@ from pycrid.store.pods import CREATING, SandboxRecord
 
 log = logging.getLogger(__name__)
 
-_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def own_oom_score_adj() -> int:
@@ -162,13 +158,6 @@ class PauseController(SandboxController):
                                 self.bundle(sandbox_id))
         await asyncio.to_thread(self.pod_files.remove, sandbox_id)
         self.runtime.forget_exit(sandbox_id)
-
-    def platform(self, sandbox_id: str) -> str:
-        machine = platform.machine()
-        return f"linux/{_ARCH.get(machine, machine)}"
-
-    async def update(self, sandbox_id: str, resources: pb.LinuxContainerResources) -> None:
-        raise Unimplemented("updating pod sandbox resources is not supported yet")
 
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self.waiters.notify(exit_)

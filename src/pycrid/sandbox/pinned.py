@@ -20,7 +20,6 @@ import errno
 import json
 import logging
 import os
-import platform
 import shutil
 import socket
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid import pins
-from pycrid.errors import Internal, InvalidArgument, Unimplemented
+from pycrid.errors import Internal, InvalidArgument
 from pycrid.faults import failpoint
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.security import sysctl_namespace
@@ -46,7 +45,6 @@ from pycrid.store.pods import SandboxRecord
 
 log = logging.getLogger(__name__)
 
-_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 #: What the controller is about to make (pins and cgroup directories), written before it
 #: makes any of it: a shutdown, also after a crash half-way, knows what to take down.
 _LAYOUT = "sandbox.json"
@@ -127,17 +125,12 @@ class PinnedController(SandboxController):
             if "uts" in pinned and config.hostname:
                 _sethostname(config.hostname)
             pins.write_sysctls(ipc)
+            pins.write_sysctls(net)  # the thread joined the pod's netns first
 
+        # A pod with net.* sysctls has a network, and so a UTS namespace of its own to pin.
         if pinned:
-            pins.pin_new(pinned, inside)
+            pins.pin_new(pinned, inside, join={"net": req.netns} if net and req.netns else None)
         failpoint("sandbox.pinned")
-        if net and req.netns:
-            def in_netns() -> None:
-                pins.setns(req.netns, "net")
-                pins.write_sysctls(net)
-
-            pins.in_own_thread(in_netns, "netns-sysctl")
-        failpoint("sandbox.cgroup")
 
     async def start(self, sandbox_id: str) -> int:
         return 0  # nothing runs: the pins hold the namespaces
@@ -202,13 +195,6 @@ class PinnedController(SandboxController):
         self._stop(sid)
         self.pod_files.remove(sid)
         shutil.rmtree(self.pod_files.bundle(sid), ignore_errors=True)
-
-    def platform(self, sandbox_id: str) -> str:
-        machine = platform.machine()
-        return f"linux/{_ARCH.get(machine, machine)}"
-
-    async def update(self, sandbox_id: str, resources: pb.LinuxContainerResources) -> None:
-        raise Unimplemented("updating pod sandbox resources is not supported yet")
 
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         pass  # no process, no exit

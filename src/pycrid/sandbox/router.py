@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cri_api.v1 import api_pb2 as pb
-
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.exits import Exit
@@ -58,12 +56,6 @@ class SandboxRouter(SandboxController):
         for name, controller in sorted(self.controllers.items(), key=lambda c: c[0] == DEFAULT):
             if kind is None or name == kind:
                 await controller.shutdown(sandbox_id)
-
-    def platform(self, sandbox_id: str) -> str:
-        return self._of(sandbox_id).platform(sandbox_id)
-
-    async def update(self, sandbox_id: str, resources: pb.LinuxContainerResources) -> None:
-        await self._of(sandbox_id).update(sandbox_id, resources)
 
     def files(self, sandbox_id: str) -> SandboxFiles:
         return self._of(sandbox_id).files(sandbox_id)
