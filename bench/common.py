@@ -42,8 +42,8 @@ from pycrid.bench import procs
 from pycrid.bench.cri import Pods
 from pycrid.bench.floor import Runc, runc_binary
 from pycrid.bench.procs import arm_signals, comm_of, monitor_pids, runc_pids, wait_gone
-from pycrid.bench.stats import p90, timed
 from pycrid.bench.target import Target as BaseTarget
+from pycrid.bench.timing import p90, timed
 
 # Re-exported for the benchmark modules that import them from here.
 __all__ = ["Pods", "arm_signals", "p90", "timed", "wait_gone"]

@@ -100,10 +100,10 @@ def _migrate_runtime(from_version: int, plugins: dict[str, Any]) -> None:
 
 
 async def _init_images(ctx: InitContext) -> Any:
+    from pycrid.images.distribution import RegistryClient
     from pycrid.images.hosts import RegistryHosts
-    from pycrid.images.registry import RegistryClient
-    from pycrid.images.service import ImageService
-    from pycrid.store.images import ImageStore
+    from pycrid.images.image_service import ImageService
+    from pycrid.store.image_records import ImageStore
 
     config: ImagesConfig = ctx.config
     db = ctx.get_by_id(METADATA, "sqlite")
@@ -146,7 +146,7 @@ async def _init_runc(ctx: InitContext) -> Any:
 
     from pycrid.runtime.conmon import ConmonRuntime
     from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
-    from pycrid.stats.cgroups import host_hierarchy
+    from pycrid.stats.cgroup_readers import host_hierarchy
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     state = ctx.properties["state"]
@@ -179,7 +179,7 @@ async def _init_podsandbox(ctx: InitContext) -> Any:
 
 async def _init_pinned(ctx: InitContext) -> Any:
     from pycrid.sandbox.pinned import PinnedController
-    from pycrid.stats.cgroups import host_hierarchy
+    from pycrid.stats.cgroup_readers import host_hierarchy
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     return PinnedController(root_dir=ctx.properties["root"], state_dir=ctx.properties["state"],
@@ -189,8 +189,8 @@ async def _init_pinned(ctx: InitContext) -> Any:
 
 
 async def _init_cri(ctx: InitContext) -> Any:
-    from pycrid.core.service import build_core
-    from pycrid.cri.plugin import CRIPlugin
+    from pycrid.core.cri_service import build_core
+    from pycrid.cri.grpc_plugin import CRIPlugin
 
     loaded: LoadedConfig = ctx.properties["loaded_config"]
     runtime = ctx.get_by_id(RUNTIME, "runc")
@@ -226,8 +226,8 @@ async def _init_cri(ctx: InitContext) -> Any:
 async def _init_containerd_api(ctx: InitContext) -> Any:
     # Served from init, before recovery: the kubelet's cAdvisor dials it once at its own
     # start, and the records it reads are in memory from the start.
-    from pycrid.cadvisor.server import ContainerdEndpoint
-    from pycrid.cadvisor.service import handlers
+    from pycrid.cadvisor.containerd_api import handlers
+    from pycrid.cadvisor.containerd_socket import ContainerdEndpoint
     from pycrid.cadvisor.view import view_of
     from pycrid.errors import FailedPrecondition
 

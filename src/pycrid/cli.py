@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from pycrid import status
+    from pycrid import status_command as status
     from pycrid.builtins import registry
     from pycrid.config.decode import ConfigError
     from pycrid.config.loader import default_config_path, load
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(render_default(regs))
         return 0
     if args.config_command == "reference":
-        from pycrid.config.reference import render_reference
+        from pycrid.config.reference_doc import render_reference
 
         sys.stdout.write(render_reference(regs))
         return 0

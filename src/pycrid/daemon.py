@@ -141,7 +141,7 @@ async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> 
             properties={"root": cfg.root, "state": cfg.state, "loaded_config": loaded,
                         "metrics": metrics, "tracer": tracer})
         if cfg.metrics.address:
-            from pycrid.metrics.server import MetricsServer  # aiohttp.web only when served
+            from pycrid.metrics.endpoint import MetricsServer  # aiohttp.web only when served
 
             metrics_server = MetricsServer(metrics, cfg.metrics.address)
             await metrics_server.start()

@@ -18,14 +18,14 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf.empty_pb2 import Empty
 
+from pycrid.cadvisor.containerd_api import handlers
+from pycrid.cadvisor.containerd_socket import ContainerdEndpoint
 from pycrid.cadvisor.proto import containers_pb2, task_pb2, tasks_pb2, version_pb2
-from pycrid.cadvisor.server import ContainerdEndpoint
-from pycrid.cadvisor.service import handlers
 from pycrid.cadvisor.view import ContainerdView
 from pycrid.errors import FailedPrecondition
 from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.store.db import Database
-from pycrid.store.pods import ContainerRecord, SandboxRecord, container_store, sandbox_store
+from pycrid.store.records import ContainerRecord, SandboxRecord, container_store, sandbox_store
 
 SID, CID, OTHER = "a" * 64, "b" * 64, "c" * 64
 K8S = (("containerd-namespace", "k8s.io"),)

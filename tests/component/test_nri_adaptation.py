@@ -26,8 +26,8 @@ from pycrid.errors import FailedPrecondition
 from pycrid.nri import Plugin, Stub, api
 from pycrid.nri.adaptation.adaptation import Adaptation, PluginError, SyncFn
 from pycrid.nri.adaptation.merge import AdjustmentConflict
-from pycrid.nri.adaptation.plugin import sync_chunks
-from pycrid.nri.adjust import Adjustment
+from pycrid.nri.adaptation.remote_plugin import sync_chunks
+from pycrid.nri.replies import Adjustment
 from pycrid.nri.wire.connection import PLUGIN_SIDE, Services, connect
 from pycrid.nri.wire.ttrpc import RequestReceived, TtrpcError
 

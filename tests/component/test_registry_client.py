@@ -12,12 +12,12 @@ import pytest
 
 from pycrid.errors import DataLoss, NotFound, PermissionDenied, Unauthenticated, Unavailable
 from pycrid.images import manifest as mf
-from pycrid.images import oci
+from pycrid.images import mediatypes as oci
 from pycrid.images.auth import Credentials
+from pycrid.images.distribution import RegistryClient
 from pycrid.images.hosts import RegistryHosts
-from pycrid.images.oci import Descriptor, Platform
+from pycrid.images.mediatypes import Descriptor, Platform
 from pycrid.images.reference import Reference, parse_reference
-from pycrid.images.registry import RegistryClient
 from tests.support.badregistry import BadRegistry
 from tests.support.images import TestImages, build_image, digest_of
 from tests.support.layers import Entry, tar_bytes

@@ -23,8 +23,7 @@ from wsproto.events import AcceptConnection, BytesMessage, CloseConnection
 from wsproto.events import Request as WSRequest
 
 from pycrid.errors import ResourceExhausted
-from pycrid.streaming import remotecommand
-from pycrid.streaming.api import (
+from pycrid.stdio import (
     AttachRequest,
     ByteStream,
     ExecRequest,
@@ -32,6 +31,7 @@ from pycrid.streaming.api import (
     ProcessIO,
     StreamError,
 )
+from pycrid.streaming import remotecommand
 from pycrid.streaming.server import StreamServer
 from pycrid.streaming.tls import server_context
 from pycrid.streaming.tokens import TokenCache

@@ -651,7 +651,7 @@ def test_plugin_update_raising_memory_above_the_recorded_swap(main: NRIDaemon,
     """An unsolicited UpdateContainers that raises the memory limit past the memsw limit
     set at create: the whole resources go to ``runc update``, so memory and memsw move
     together (a memory-only update would be refused by the v1 kernel)."""
-    from pycrid.nri.adjust import Update
+    from pycrid.nri.replies import Update
     from pycrid.nri.stub import Stub
     from pycrid.nri.wire.ttrpc import TtrpcError
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.runtime.cgroups import probe
+from pycrid.host.cgroups import probe
 from tests.support.daemon import Daemon
 from tests.support.images import TestImages
 from tests.support.pods import Pods, busybox_daemon, container_config, daemon_config, pod_config

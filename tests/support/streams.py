@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from pycrid.streaming import channels, spdy
-from pycrid.streaming.status import parse_exit_status
+from pycrid.streaming.side_streams import parse_exit_status
 
 
 class HTTPStatusError(Exception):

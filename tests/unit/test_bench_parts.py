@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from pycrid import cli
-from pycrid.bench import nri
+from pycrid.bench import nri_load as nri
 from pycrid.bench.command import int_list
 from pycrid.bench.cri import Pods
 from pycrid.bench.floor import floor_spec, host_rootfs
 from pycrid.bench.procs import accepted_connections, memory_kib, socket_owner
 from pycrid.bench.report import Section, guarded, table
 from pycrid.bench.run import default_endpoint, sandbox_image_of
-from pycrid.bench.stats import p90, stats, timed
 from pycrid.bench.target import Target
+from pycrid.bench.timing import p90, stats, timed
 
 
 def test_stats_of_samples() -> None:

@@ -22,9 +22,9 @@ from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.sandbox.pause import PauseController
 from pycrid.sandbox.pinned import PinnedController
 from pycrid.sandbox.router import SandboxRouter
-from pycrid.stats.cgroups import Hierarchy
+from pycrid.stats.cgroup_readers import Hierarchy
 from pycrid.store.db import Database
-from pycrid.store.pods import ContainerRecord, SandboxRecord, container_store, sandbox_store
+from pycrid.store.records import ContainerRecord, SandboxRecord, container_store, sandbox_store
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "src" / "pycrid" / "cadvisor" / "proto"

@@ -10,7 +10,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
-from pycrid.network import pod
+from pycrid.network import cni_args as pod
 from pycrid.network.cache import CachedAttachment, ResultCache
 from pycrid.network.cni import plugin_config
 from pycrid.network.conf import ConfError, load_dir, parse

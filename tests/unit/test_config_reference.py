@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pycrid.builtins import registry
 from pycrid.config.decode import Duration
-from pycrid.config.reference import render_reference, type_name
+from pycrid.config.reference_doc import render_reference, type_name
 from pycrid.config.schema import RuntimeHandlerConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"

@@ -15,7 +15,7 @@ from pycrid.errors import InvalidArgument
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.handlers import RuntimeRouter, features_from, load_handlers
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
-from pycrid.runtime.stdio import ProcessIO
+from pycrid.stdio import ProcessIO
 
 
 def _config(**handlers: RuntimeHandlerConfig) -> RuntimeConfig:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pycrid.images.service import chain_ids, user_of
+from pycrid.images.image_service import chain_ids, user_of
 from pycrid.store.db import Database
-from pycrid.store.images import ImageRecord, ImageStore
+from pycrid.store.image_records import ImageRecord, ImageStore
 
 
 def rec(n: int) -> ImageRecord:

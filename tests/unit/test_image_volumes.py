@@ -16,7 +16,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from pycrid.cri_fields import IMAGE_REF, image_ref, set_image_ref
 from pycrid.errors import InvalidArgument, NotFound
-from pycrid.images import mount as mnt
+from pycrid.host import mounts as mnt
 from pycrid.images.overlay import OverlaySnapshotter
 from pycrid.runtime.image_volumes import (
     mount_image_volume,

@@ -8,8 +8,8 @@ import dataclasses
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.cri.pods import MessageCache, container_pb
-from pycrid.store.pods import ContainerRecord
+from pycrid.cri.record_messages import MessageCache, container_pb
+from pycrid.store.records import ContainerRecord
 
 
 def rec(cid: str, **kw: int) -> ContainerRecord:

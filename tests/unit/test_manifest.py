@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pycrid.errors import DataLoss, InvalidArgument, NotFound
-from pycrid.images import oci
+from pycrid.images import mediatypes as oci
 from pycrid.images.manifest import (
     MT_DOCKER_SCHEMA1,
     detect_media_type,
@@ -21,7 +21,7 @@ from pycrid.images.manifest import (
     platform_matches,
     select_platform,
 )
-from pycrid.images.oci import Descriptor, Platform
+from pycrid.images.mediatypes import Descriptor, Platform
 
 D = ["sha256:" + c * 64 for c in "0123456789abcdef"]
 

@@ -17,11 +17,11 @@ from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from pycrid import __version__, errors
 from pycrid.config.decode import ConfigError
-from pycrid.core.service import CRIService
+from pycrid.core.cri_service import CRIService
 from pycrid.cri.instrument import Gate, instrumented_servicer
 from pycrid.metrics import Metrics, samples
-from pycrid.metrics.server import MetricsServer
-from pycrid.store.pods import ContainerRecord, SandboxRecord
+from pycrid.metrics.endpoint import MetricsServer
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 
 def scrape(m: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -12,7 +12,7 @@ from pycrid.core.nri_objects import (
     resources_from_oci,
 )
 from pycrid.nri import api
-from pycrid.store.pods import ContainerRecord, SandboxRecord
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 
 def _pod(**linux: object) -> SandboxRecord:

@@ -1,4 +1,4 @@
-"""Applying merged NRI adjustments to OCI spec dicts (pycrid.oci.adjust)."""
+"""Applying merged NRI adjustments to OCI spec dicts (pycrid.oci.nri_apply)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from pycrid.errors import FailedPrecondition, InvalidArgument
 from pycrid.nri import api
-from pycrid.nri.adjust import Adjustment
-from pycrid.oci.adjust import MIN_RUNC_FOR, HostSupport, apply_adjustment
+from pycrid.nri.replies import Adjustment
 from pycrid.oci.defaults import default_spec
+from pycrid.oci.nri_apply import MIN_RUNC_FOR, HostSupport, apply_adjustment
 
 OLD = HostSupport(runc_version=(1, 1, 5), cgroup_v2=False,
                   hugepage_sizes=frozenset({"2MB", "1GB"}), rdt=False,

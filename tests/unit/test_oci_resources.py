@@ -12,6 +12,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
+from pycrid.host.cgroups import CgroupHost, page_size_name, parse_id_list, probe
 from pycrid.nri import api
 from pycrid.oci.resources import (
     ResourcePolicy,
@@ -26,9 +27,8 @@ from pycrid.oci.resources import (
     with_resources,
     with_sandbox_shares,
 )
-from pycrid.runtime.cgroups import CgroupHost, page_size_name, parse_id_list, probe
 from pycrid.store.db import Database
-from pycrid.store.pods import ContainerRecord, container_store
+from pycrid.store.records import ContainerRecord, container_store
 
 V1 = CgroupHost("v1", frozenset({"cpu", "cpuset", "memory", "pids"}), swap=True,
                 hugepage_sizes=("2MB", "1GB"), cpus=frozenset({0, 1}), mems=frozenset({0}))

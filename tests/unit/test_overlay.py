@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pycrid.errors import AlreadyExists, FailedPrecondition, NotFound
-from pycrid.images import mount as mnt
+from pycrid.host import mounts as mnt
 from pycrid.images.overlay import OverlaySnapshotter
 from pycrid.images.snapshots import Kind, Mount
 from pycrid.store.db import Database

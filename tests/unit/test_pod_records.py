@@ -1,4 +1,4 @@
-"""Pod sandbox and container records (store/pods.py)."""
+"""Pod sandbox and container records (store/records.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.store.db import Database
-from pycrid.store.pods import (
+from pycrid.store.records import (
     ContainerRecord,
     SandboxRecord,
     container_store,

@@ -23,16 +23,16 @@ import pytest
 
 from pycrid.config.schema import ImagesConfig
 from pycrid.errors import DataLoss, InvalidArgument, PermissionDenied
-from pycrid.images import mount as mnt
+from pycrid.host import mounts as mnt
 from pycrid.images.content import ContentStore
-from pycrid.images.oci import Descriptor
+from pycrid.images.distribution import RegistryClient
+from pycrid.images.image_service import ImageService, chain_ids
+from pycrid.images.mediatypes import Descriptor
 from pycrid.images.overlay import OverlaySnapshotter
-from pycrid.images.registry import RegistryClient
-from pycrid.images.service import ImageService, chain_ids
 from pycrid.images.snapshots import Kind
 from pycrid.images.unpack import OPAQUE_XATTR, is_whiteout
 from pycrid.store.db import Database
-from pycrid.store.images import ImageStore
+from pycrid.store.image_records import ImageStore
 from tests.support.images import (
     LAYERED_EXPECTED,
     ImageBuild,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.stats import ContainerStatsView, PodStatsView
-from pycrid.cri import stats as stats_pb
+from pycrid.core.stats_queries import ContainerStatsView, PodStatsView
+from pycrid.cri import stats_messages as stats_pb
 from pycrid.stats import metrics
 from pycrid.stats.cgfiles import (
     IoEntry,
@@ -24,7 +24,7 @@ from pycrid.stats.cgfiles import (
     parse_psi,
     weight_to_shares,
 )
-from pycrid.stats.cgroups import (
+from pycrid.stats.cgroup_readers import (
     CgroupStats,
     Hierarchy,
     nano_cores,
@@ -34,12 +34,12 @@ from pycrid.stats.cgroups import (
     relative_cgroup,
     working_set,
 )
-from pycrid.stats.devices import block_device, filesystem_device, mount_source
+from pycrid.stats.device_names import block_device, filesystem_device, mount_source
 from pycrid.stats.netdev import default_interface, parse_net_dev
-from pycrid.stats.pod import sum_cgroups, sum_rates
+from pycrid.stats.pod_usage import sum_cgroups, sum_rates
 from pycrid.stats.procfs import DescriptorCounts, descriptor_counts
 from pycrid.stats.sampler import LayerUsage, Sample, Sampler, Target
-from pycrid.store.pods import ContainerRecord, SandboxRecord
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 V1_MEMORY_STAT = """cache 100
 rss 200

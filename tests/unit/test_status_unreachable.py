@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pycrid.status import UNREACHABLE
+from pycrid.status_command import UNREACHABLE
 
 
 def status(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:

@@ -33,7 +33,7 @@ from pycrid.streaming.channels import (
     port_prefix,
     split_port_prefix,
 )
-from pycrid.streaming.status import (
+from pycrid.streaming.side_streams import (
     RemoteCommandError,
     ResizeDecoder,
     TerminalSize,

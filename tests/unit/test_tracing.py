@@ -11,7 +11,7 @@ from pycrid.config.schema import TracingConfig
 _OFF = textwrap.dedent("""
     import asyncio, sys
     from cri_api.v1 import api_pb2 as pb
-    import pycrid.builtins, pycrid.cri.plugin, pycrid.daemon, pycrid.nri.adaptation.adaptation
+    import pycrid.builtins, pycrid.cri.grpc_plugin, pycrid.daemon, pycrid.nri.adaptation.adaptation
     from pycrid.cri.instrument import Gate, instrumented_servicer
     from pycrid.metrics import Metrics
 

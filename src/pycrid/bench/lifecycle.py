@@ -9,8 +9,8 @@ import sys
 from pycrid.bench.cri import container_config, pod_config
 from pycrid.bench.floor import Runc
 from pycrid.bench.report import Section
-from pycrid.bench.stats import timed
 from pycrid.bench.target import Target
+from pycrid.bench.timing import timed
 
 POD_START = "pod start (Run+Create+Start)"
 CREATE_START = "CreateContainer+StartContainer"

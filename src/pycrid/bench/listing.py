@@ -18,8 +18,8 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.bench.cri import container_config
 from pycrid.bench.report import Section
 from pycrid.bench.rss import WORKERS, Fleet
-from pycrid.bench.stats import timed
 from pycrid.bench.target import Target
+from pycrid.bench.timing import timed
 
 CALLS = 20
 

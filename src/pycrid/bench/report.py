@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycrid.bench.stats import stats
+from pycrid.bench.timing import stats
 
 
 @dataclass

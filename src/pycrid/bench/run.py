@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     path = endpoint.removeprefix("unix://")
     endpoint = f"unix://{path}"
 
-    from pycrid import status
+    from pycrid import status_command as status
 
     try:
         asked = status.ask(path)

@@ -6,7 +6,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pycrid.bench import lifecycle, listing, nri, rss
+from pycrid.bench import lifecycle, listing, rss
+from pycrid.bench import nri_load as nri
 from pycrid.bench.report import Section, guarded
 from pycrid.bench.target import Target
 

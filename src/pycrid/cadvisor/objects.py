@@ -19,7 +19,7 @@ from google.protobuf.any_pb2 import Any as AnyPb
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from pycrid.cadvisor.proto import containers_pb2, task_pb2
-from pycrid.store.pods import CREATING, ContainerRecord, SandboxRecord
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 KIND_LABEL = "io.cri-containerd.kind"
 SANDBOX = "sandbox"
@@ -94,7 +94,7 @@ def container_task(rec: ContainerRecord) -> Task | None:
 def sandbox_task(rec: SandboxRecord, pid: int) -> Task | None:
     """The task of a pod's sandbox, ``pid`` being its anchor's process: running while the
     pod is ready (or still being set up around a started sandbox), stopped after."""
-    if rec.ready or rec.phase == CREATING:
+    if rec.ready or rec.creating:
         return Task(task_pb2.RUNNING, pid) if pid > 0 else None
     return Task(task_pb2.STOPPED)
 

@@ -18,10 +18,10 @@ from pycrid.cadvisor import objects
 from pycrid.cadvisor.proto import containers_pb2, task_pb2
 from pycrid.errors import NotFound
 from pycrid.sandbox.controller import SandboxAnchor
-from pycrid.store.pods import ContainerRecord, RecordStore, SandboxRecord
+from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
 
 if TYPE_CHECKING:
-    from pycrid.core.service import CRIService
+    from pycrid.core.cri_service import CRIService
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import dataclasses
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.sandbox.controller import SandboxAnchor, SandboxController
-from pycrid.store.pods import ContainerRecord, RecordStore, SandboxRecord
+from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
 
 
 class PodAnchors:

@@ -27,14 +27,16 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.core import events
 from pycrid.core.anchors import PodAnchors
 from pycrid.core.events import ContainerEvents
-from pycrid.core.nri import NRI
 from pycrid.core.nri_objects import resources_from_cri
+from pycrid.core.nri_relay import NRI
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
 from pycrid.core.sessions import SessionEnds
 from pycrid.cri_fields import set_image_ref
 from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from pycrid.faults import failpoint
-from pycrid.images.service import ImageService
+from pycrid.host.cgroups import probe as probe_cgroups
+from pycrid.images.image_service import ImageService
+from pycrid.oci.devices import cri_devices, nodes_under
 from pycrid.oci.mounts import IMAGE_VOLUME_FAILED, check_image_mount, is_image_mount
 from pycrid.oci.resources import (
     ResourcePolicy,
@@ -55,16 +57,14 @@ from pycrid.runtime.bundle import (
     remove_bundle,
     write_spec,
 )
-from pycrid.runtime.cgroups import probe as probe_cgroups
-from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
-from pycrid.store.images import ImageRecord
-from pycrid.store.pods import CREATING, REMOVING, ContainerRecord, RecordStore, SandboxRecord
+from pycrid.store.image_records import ImageRecord
+from pycrid.store.records import ContainerPhase, ContainerRecord, RecordStore, SandboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class ContainerManager:
         try:
             sid = resolve_prefix([r.id for r in self.sandboxes.visible()], prefix, "pod sandbox")
         except NotFound:
-            if any(r.id.startswith(prefix) and r.phase == CREATING
+            if any(r.id.startswith(prefix) and r.creating
                    for r in self.sandboxes.all()):
                 raise NotFound(f"pod sandbox {prefix} is not ready: it is still being created "
                                "(RunPodSandbox has not returned)") from None
@@ -275,7 +275,7 @@ class ContainerManager:
                 runtime_handler=sandbox.runtime_handler))
             failpoint("container.created")
             user = spec["process"]["user"]
-            rec = self.store.update(cid, phase="created", pid=pid, uid=user["uid"],
+            rec = self.store.update(cid, phase=ContainerPhase.CREATED, pid=pid, uid=user["uid"],
                                     gid=user["gid"], groups=tuple(user.get("additionalGids") or ()),
                                     resources=record_of(spec), config=resolved)
             undo.pop_all()
@@ -419,7 +419,7 @@ class ContainerManager:
 
     async def _start_locked(self, cid: str) -> None:
         rec = self._current(cid)
-        if rec.phase != "created" or rec.state != pb.CONTAINER_CREATED:
+        if rec.phase is not ContainerPhase.CREATED or rec.state != pb.CONTAINER_CREATED:
             raise FailedPrecondition(
                 f"container {rec.id} is in {state_name(rec.state)} state, not created")
         sandbox = self.sandboxes.get(rec.sandbox_id)
@@ -505,7 +505,7 @@ class ContainerManager:
             return
         if rec.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_UNKNOWN):
             await self.stop_locked(cid, 0)
-        self.store.update(cid, phase=REMOVING)
+        self.store.update(cid, phase=ContainerPhase.REMOVING)
         self.sessions.end(cid, f"container {cid} was removed")
         failpoint("container.remove")
         await self.cleanup(cid)
@@ -656,7 +656,8 @@ class ContainerManager:
             spec: dict[str, Any] | None = read_spec(self.paths.bundle(rec.id))
         except NotFound:
             spec = None
-        return {"sandboxID": rec.sandbox_id, "pid": rec.pid, "removing": rec.phase == REMOVING,
+        removing = rec.phase is ContainerPhase.REMOVING
+        return {"sandboxID": rec.sandbox_id, "pid": rec.pid, "removing": removing,
                 "snapshotKey": rec.id, "snapshotter": self.images.snapshotter.name,
                 "runtimeSpec": spec}
 
@@ -690,9 +691,9 @@ class ContainerManager:
 
     async def _recover_one(self, rec: ContainerRecord, state: dict[str, Any] | None,
                            submit: Callable[[Exit], None]) -> None:
-        if rec.phase in (CREATING, REMOVING) or self.sandboxes.get(rec.sandbox_id) is None:
+        if rec.phase is not ContainerPhase.CREATED or self.sandboxes.get(rec.sandbox_id) is None:
             log.info("container %s: removing what an interrupted %s left", rec.id,
-                     "removal" if rec.phase == REMOVING else "creation")
+                     "removal" if rec.phase is ContainerPhase.REMOVING else "creation")
             await self.cleanup(rec.id)
             self.store.delete(rec.id)
             return

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.events.broadcast import Broadcast
-from pycrid.store.pods import CREATING, ContainerRecord, RecordStore, SandboxRecord
+from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
 
 CREATED = pb.CONTAINER_CREATED_EVENT
 STARTED = pb.CONTAINER_STARTED_EVENT
@@ -46,6 +46,6 @@ class ContainerEvents:
     def emit(self, kind: pb.ContainerEventType.ValueType, object_id: str,
              sandbox_id: str) -> None:
         members = tuple(c for c in self.containers.all()
-                        if c.sandbox_id == sandbox_id and c.phase != CREATING)
+                        if c.sandbox_id == sandbox_id and not c.creating)
         self.broadcast.publish(ContainerEvent(object_id, kind, time.time_ns(),
                                               self.sandboxes.get(sandbox_id), members))

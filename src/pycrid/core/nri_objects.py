@@ -20,7 +20,7 @@ from pycrid.errors import InvalidArgument
 from pycrid.nri import api
 from pycrid.oci.seccomp import parse_profile_string
 from pycrid.oci.spec import Namespaces
-from pycrid.store.pods import ContainerRecord, SandboxRecord
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 _STATES = {
     pb.CONTAINER_CREATED: api.CONTAINER_CREATED,

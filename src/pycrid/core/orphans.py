@@ -24,7 +24,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
 from pycrid.network.netns import remove_netns
-from pycrid.network.service import PodNetworks
+from pycrid.network.pod_networks import PodNetworks
 from pycrid.runtime import image_volumes
 
 log = logging.getLogger(__name__)

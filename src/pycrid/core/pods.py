@@ -24,21 +24,21 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.core import events
 from pycrid.core.containers import RECOVERY_CONCURRENCY, ContainerManager, labels_match, now_ns
 from pycrid.core.events import ContainerEvents
-from pycrid.core.nri import NRI
 from pycrid.core.nri_objects import resources_from_cri
+from pycrid.core.nri_relay import NRI
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint
-from pycrid.images.service import ImageService
+from pycrid.images.image_service import ImageService
+from pycrid.network.cni_args import bandwidth
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
-from pycrid.network.pod import bandwidth
-from pycrid.network.service import PodNetworks
+from pycrid.network.pod_networks import PodNetworks
 from pycrid.oci.resources import resources_json
 from pycrid.oci.security import validate_pod as validate_pod_security
 from pycrid.runtime.exits import Exit
 from pycrid.sandbox.controller import SandboxController, SandboxRequest
-from pycrid.store.images import ImageRecord
-from pycrid.store.pods import CREATING, REMOVING, RecordStore, SandboxRecord
+from pycrid.store.image_records import ImageRecord
+from pycrid.store.records import PodPhase, RecordStore, SandboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class PodManager:
             rec = self.store.update(sid, pid=started)
             undo.push_async_callback(self.nri.remove_pod, sid)  # Stop and Remove follow a Run
             await self.nri.run_pod(rec)
-            self.store.update(sid, phase="ready")
+            self.store.update(sid, phase=PodPhase.READY)
             undo.pop_all()
         log.info("pod sandbox %s is ready", sid)
         self.events.emit(events.CREATED, sid, sid)
@@ -258,7 +258,7 @@ class PodManager:
             return
         async with self.nri.blocking_sync(), self.locks(rec.id).write():
             await self._stop_locked(rec.id)
-            self.store.update(rec.id, phase=REMOVING)
+            self.store.update(rec.id, phase=PodPhase.REMOVING)
             await self._remove_rest(rec)
 
     async def _remove_rest(self, rec: SandboxRecord) -> None:
@@ -325,7 +325,7 @@ class PodManager:
         """A ready pod stops being ready: record it and tell event subscribers (once)."""
         rec = self.store.get(sid)
         if rec is not None and rec.ready:
-            self.store.update(sid, phase="notready")
+            self.store.update(sid, phase=PodPhase.NOTREADY)
             self.events.emit(events.STOPPED, sid, sid)
             self.containers.sessions.end(sid, f"pod sandbox {sid} stopped")
 
@@ -376,7 +376,7 @@ class PodManager:
 
     async def _recover_one(self, rec: SandboxRecord, states: dict[str, dict[str, Any]],
                            submit: Callable[[Exit], None]) -> None:
-        if rec.phase == CREATING:
+        if rec.creating:
             log.info("pod sandbox %s: undoing an interrupted creation", rec.id)
             for c in self.containers.of_sandbox(rec.id):
                 await self.containers.remove_locked(c.id)
@@ -387,7 +387,7 @@ class PodManager:
             self.store.delete(rec.id)
             return
         self.names.reserve(rec.name, rec.id)
-        if rec.phase == REMOVING:
+        if rec.phase is PodPhase.REMOVING:
             log.info("pod sandbox %s: finishing an interrupted removal", rec.id)
             await self._stop_locked(rec.id)
             await self._remove_rest(rec)

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar
 
-from pycrid.streaming.api import StreamError
+from pycrid.stdio import StreamError
 
 T = TypeVar("T")
 

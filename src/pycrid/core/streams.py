@@ -22,8 +22,7 @@ from pycrid.core.sessions import until_ended
 from pycrid.errors import FailedPrecondition, InvalidArgument
 from pycrid.network.netns import connect_in
 from pycrid.runtime.bundle import read_spec
-from pycrid.store.pods import ContainerRecord, SandboxRecord
-from pycrid.streaming.api import (
+from pycrid.stdio import (
     AttachRequest,
     ByteStream,
     ExecRequest,
@@ -31,6 +30,7 @@ from pycrid.streaming.api import (
     ProcessIO,
     StreamError,
 )
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 log = logging.getLogger(__name__)
 

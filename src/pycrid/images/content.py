@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Generic, Protocol, TypeVar, overload
 
 from pycrid.errors import DataLoss, DeadlineExceeded, NotFound
-from pycrid.images.oci import validate_digest
+from pycrid.images.mediatypes import validate_digest
 from pycrid.images.threads import ChunkPipe, run_settled, settle
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycrid.errors import DataLoss, InvalidArgument, NotFound
-from pycrid.images.oci import (
+from pycrid.images.mediatypes import (
     INDEX_TYPES,
     MANIFEST_TYPES,
     MT_OCI_INDEX,

@@ -39,7 +39,7 @@ import zstandard
 from isal import igzip, isal_zlib
 
 from pycrid.errors import DataLoss, InvalidArgument, NotFound, PermissionDenied
-from pycrid.images import oci
+from pycrid.images import mediatypes as oci
 from pycrid.images.content import BlobReader
 
 log = logging.getLogger(__name__)

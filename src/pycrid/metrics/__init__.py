@@ -3,7 +3,7 @@ collector of pod, container and NRI plugin counts.
 
 Every daemon (and every core a test builds) owns its own ``CollectorRegistry``: the global
 one would mix up the cores of one test process. Recording is always on (a dict lookup and an
-observe per event); the HTTP endpoint (``metrics/server.py``) is what ``[metrics] address``
+observe per event); the HTTP endpoint (``metrics/endpoint.py``) is what ``[metrics] address``
 turns on, as in containerd.
 """
 
@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from pycrid import __version__
 
 if TYPE_CHECKING:
-    from pycrid.core.service import CRIService
+    from pycrid.core.cri_service import CRIService
 
 #: CRI calls take from under a millisecond (List*, Version) to minutes (a pull, a stop).
 CRI_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60,

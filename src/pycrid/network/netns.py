@@ -2,7 +2,7 @@
 
 containerd creates the pod's netns before the pause container so the network
 can be wired first (CRI-TO-OCI.md §1.1); the pause container then joins it by
-path. A short-lived thread makes it (:mod:`pycrid.pins`) and raises ``lo``
+path. A short-lived thread makes it (:mod:`pycrid.host.pins`) and raises ``lo``
 through an ioctl on a socket opened inside it. No ``ip``/``unshare``
 subprocess is needed.
 """
@@ -14,7 +14,7 @@ import fcntl
 import socket
 import struct
 
-from pycrid import pins
+from pycrid.host import pins
 
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914

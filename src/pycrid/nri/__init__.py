@@ -7,7 +7,7 @@ plugin written in Python against any NRI runtime (pycrid, containerd, CRI-O);
 """
 
 from pycrid.nri import api
-from pycrid.nri.adjust import Adjustment, Update
+from pycrid.nri.replies import Adjustment, Update
 from pycrid.nri.stub import Plugin, PluginIdentityError, Stub, run
 
 __all__ = ["Adjustment", "Plugin", "PluginIdentityError", "Stub", "Update", "api", "run"]

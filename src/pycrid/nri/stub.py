@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from pycrid.nri import api
-from pycrid.nri.adjust import Adjustment, Update
+from pycrid.nri.replies import Adjustment, Update
 from pycrid.nri.wire.connection import PLUGIN_SIDE, Connection, Services, connect
 from pycrid.nri.wire.ttrpc import Code, RequestReceived, TtrpcError
 

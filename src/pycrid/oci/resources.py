@@ -19,7 +19,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
-from pycrid.runtime.cgroups import CgroupHost, parse_id_list
+from pycrid.host.cgroups import CgroupHost, parse_id_list
 
 Spec = dict[str, Any]
 

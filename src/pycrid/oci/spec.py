@@ -5,7 +5,7 @@ caller passes in; every rule cites its section of CRI-TO-OCI.md. Resources come
 from oci/resources.py, seccomp/AppArmor/SELinux/sysctl rules from oci/security.py.
 Not here: SELinux labels (no host here has SELinux; options are accepted and
 ignored, as containerd does without it), host device discovery, CDI, NRI
-adjustments (oci/adjust.py).
+adjustments (oci/nri_apply.py).
 """
 
 from __future__ import annotations

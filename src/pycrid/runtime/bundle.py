@@ -13,7 +13,7 @@ import shutil
 from typing import Any
 
 from pycrid.errors import FailedPrecondition, NotFound
-from pycrid.images.mount import mount, mounts_under, unmount
+from pycrid.host.mounts import mount, mounts_under, unmount
 from pycrid.images.snapshots import Snapshotter
 
 _MAX_ETC_FILE = 4 * 1024 * 1024

@@ -24,7 +24,7 @@ from pycrid.config.schema import RuntimeConfig
 from pycrid.errors import InvalidArgument
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
-from pycrid.runtime.stdio import ProcessIO
+from pycrid.stdio import ProcessIO
 
 log = logging.getLogger(__name__)
 

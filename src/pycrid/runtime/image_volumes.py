@@ -16,7 +16,7 @@ import errno
 import os
 
 from pycrid.errors import InvalidArgument, NotFound
-from pycrid.images.mount import mount, real_dir_beneath
+from pycrid.host.mounts import mount, real_dir_beneath
 from pycrid.images.snapshots import Snapshotter
 
 PREFIX = "image-volume/"

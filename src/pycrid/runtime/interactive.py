@@ -29,7 +29,7 @@ import termios
 import tty
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from pycrid.runtime.stdio import ByteSink, ByteSource, ProcessIO, TerminalSize
+from pycrid.stdio import ByteSink, ByteSource, ProcessIO, TerminalSize
 
 log = logging.getLogger(__name__)
 

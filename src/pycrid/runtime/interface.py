@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid.runtime.exits import Exit
-from pycrid.runtime.stdio import ProcessIO
+from pycrid.stdio import ProcessIO
 
 
 @dataclass(frozen=True)

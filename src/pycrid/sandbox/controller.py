@@ -17,7 +17,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.exits import Exit
-from pycrid.store.pods import SandboxRecord
+from pycrid.store.records import SandboxRecord
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import socket
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.faults import failpoint
-from pycrid.images.mount import mount, unmount
+from pycrid.host.mounts import mount, unmount
 from pycrid.images.snapshots import Mount
 from pycrid.oci.mounts import SandboxFiles
 

@@ -42,7 +42,7 @@ from pycrid.sandbox.controller import (
     SandboxStatus,
 )
 from pycrid.sandbox.files import PodFiles
-from pycrid.store.pods import CREATING, SandboxRecord
+from pycrid.store.records import SandboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class PauseController(SandboxController):
         pid = 0
         if sandbox.ready:
             pid = sandbox.pid
-        elif sandbox.phase == CREATING:
+        elif sandbox.creating:
             # The pause may run while RunPodSandbox still waits for CNI: the record gets
             # its pid at the end, conmon's pid file has it as soon as runc created it.
             pid = sandbox.pid or _pid_file(os.path.join(self.bundle(sandbox.id), "pidfile"))

@@ -26,9 +26,9 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid import pins
 from pycrid.errors import Internal, InvalidArgument
 from pycrid.faults import failpoint
+from pycrid.host import pins
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.security import sysctl_namespace
 from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, pod_sysctls
@@ -40,8 +40,8 @@ from pycrid.sandbox.controller import (
     SandboxStatus,
 )
 from pycrid.sandbox.files import PodFiles
-from pycrid.stats.cgroups import Hierarchy, relative_cgroup
-from pycrid.store.pods import SandboxRecord
+from pycrid.stats.cgroup_readers import Hierarchy, relative_cgroup
+from pycrid.store.records import SandboxRecord
 
 log = logging.getLogger(__name__)
 

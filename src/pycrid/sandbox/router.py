@@ -15,7 +15,7 @@ from pycrid.sandbox.controller import (
     SandboxRequest,
     SandboxStatus,
 )
-from pycrid.store.pods import SandboxRecord
+from pycrid.store.records import SandboxRecord
 
 #: The controller of pods recorded before pods could have another.
 DEFAULT = "pause"

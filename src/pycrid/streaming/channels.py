@@ -75,7 +75,7 @@ PORT_FORWARD_TUNNEL_PROTOCOL: Final = "SPDY/3.1+" + PORT_FORWARD_SPDY_PROTOCOL
 STDIN: Final = 0
 STDOUT: Final = 1
 STDERR: Final = 2
-#: Server to client: the final status of the command (see ``status.py``).
+#: Server to client: the final status of the command (see ``status_command.py``).
 ERROR: Final = 3
 #: Client to server: JSON terminal sizes (see ``status.ResizeDecoder``).
 RESIZE: Final = 4

@@ -15,7 +15,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from pycrid.streaming.api import StreamError, StreamRuntime
+from pycrid.stdio import StreamError, StreamRuntime
 from pycrid.streaming.channels import port_prefix
 from pycrid.streaming.spdy_session import SpdySession, SpdyStream
 from pycrid.streaming.ws_session import WebSocketSession

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from pycrid.streaming.api import (
+from pycrid.stdio import (
     AttachRequest,
     ByteSink,
     ByteSource,
@@ -24,7 +24,7 @@ from pycrid.streaming.api import (
     StreamRuntime,
     TerminalSize,
 )
-from pycrid.streaming.status import (
+from pycrid.streaming.side_streams import (
     ResizeDecoder,
     encode_status_for_version,
     exit_code_status,

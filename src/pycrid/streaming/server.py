@@ -29,14 +29,14 @@ from wsproto.events import AcceptConnection, RejectConnection, RejectData
 from wsproto.events import Request as WSRequest
 
 from pycrid.errors import ResourceExhausted
-from pycrid.streaming import channels, portforward, remotecommand
-from pycrid.streaming.api import (
+from pycrid.stdio import (
     AttachRequest,
     ExecRequest,
     PortForwardRequest,
     StreamRequest,
     StreamRuntime,
 )
+from pycrid.streaming import channels, portforward, remotecommand
 from pycrid.streaming.remotecommand import SPDY_PROTOCOLS, CommandStreams
 from pycrid.streaming.spdy_session import SpdySession, SpdyStream
 from pycrid.streaming.tokens import TokenCache, TooManyRequests

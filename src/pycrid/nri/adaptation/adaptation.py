@@ -33,7 +33,7 @@ from pycrid.errors import FailedPrecondition, Unknown
 from pycrid.nri import api
 from pycrid.nri.adaptation import launcher
 from pycrid.nri.adaptation.merge import CreateMerger, CreateResult, UpdateMerger
-from pycrid.nri.adaptation.plugin import (
+from pycrid.nri.adaptation.remote_plugin import (
     ConnectedPlugin,
     PluginFailed,
     PluginGone,

@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass
 
 from pycrid.nri import api
-from pycrid.nri.adaptation.plugin import Launched
+from pycrid.nri.adaptation.remote_plugin import Launched
 
 log = logging.getLogger(__name__)
 

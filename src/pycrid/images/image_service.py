@@ -36,9 +36,9 @@ from pycrid.faults import failpoint
 from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
-from pycrid.images.oci import INDEX_TYPES, Descriptor, Platform, host_platform, verify_bytes
+from pycrid.images.distribution import RegistryClient
+from pycrid.images.mediatypes import INDEX_TYPES, Descriptor, Platform, host_platform, verify_bytes
 from pycrid.images.reference import Reference, parse_reference
-from pycrid.images.registry import RegistryClient
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
 from pycrid.images.threads import run_settled, settle
 from pycrid.images.unpack import (
@@ -48,7 +48,7 @@ from pycrid.images.unpack import (
     inherit_dirs,
     needs_lowers,
 )
-from pycrid.store.images import ImageRecord, ImageStore
+from pycrid.store.image_records import ImageRecord, ImageStore
 
 log = logging.getLogger(__name__)
 

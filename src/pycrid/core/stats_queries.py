@@ -5,7 +5,7 @@ container (its cgroup and writable layer) and every ready pod (its pause
 container's cgroup and, unless it uses the host network, its network counters).
 The calls here answer from those samples; a running container that has none yet
 is sampled once on demand. A pod's usage is the sum of its members (see
-stats/pod.py for why).
+stats/pod_usage.py for why).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.spec import CgroupDriver, cgroups_path
 from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.stats import metrics
-from pycrid.stats.cgroups import CgroupStats, Hierarchy
-from pycrid.stats.devices import filesystem_device
+from pycrid.stats.cgroup_readers import CgroupStats, Hierarchy
+from pycrid.stats.device_names import filesystem_device
 from pycrid.stats.netdev import InterfaceCounters
-from pycrid.stats.pod import sum_cgroups, sum_rates
+from pycrid.stats.pod_usage import sum_cgroups, sum_rates
 from pycrid.stats.sampler import LayerUsage, Sample, Sampler, Target
-from pycrid.store.pods import ContainerRecord, SandboxRecord
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class StatsService:
     async def _pod_view(self, rec: SandboxRecord) -> PodStatsView:
         await self.sampler.ensure([self._pod_target(rec)])
         ctrs = await self._views(self.containers.of_sandbox(rec.id))
-        ctrs = [c for c in ctrs if c.record.phase != "creating"]
+        ctrs = [c for c in ctrs if not c.record.creating]
         pause = self.sampler.latest(rec.id)
         members = [s for s in [pause, *(c.sample for c in ctrs)] if s is not None]
         usage = sum_cgroups([s.cgroup for s in members if s.cgroup is not None])

@@ -11,7 +11,7 @@ from google.protobuf.json_format import MessageToDict
 
 from pycrid.core.events import ContainerEvent
 from pycrid.oci.resources import cri_resources
-from pycrid.store.pods import ContainerRecord, SandboxRecord
+from pycrid.store.records import ContainerRecord, SandboxRecord
 
 RUNTIME_TYPE = "pycrid.runtime.v1.runc"
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Final
 
-from pycrid.runtime.stdio import TerminalSize
+from pycrid.stdio import TerminalSize
 
 STATUS_SUCCESS: Final = "Success"
 STATUS_FAILURE: Final = "Failure"

@@ -9,10 +9,10 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.service import KUBE_API_VERSION, CRIService
+from pycrid.core.cri_service import KUBE_API_VERSION, CRIService
 from pycrid.core.streams import ContainerStreams
-from pycrid.cri import pods as convert
-from pycrid.cri import stats as stats_pb
+from pycrid.cri import record_messages as convert
+from pycrid.cri import stats_messages as stats_pb
 from pycrid.streaming.server import StreamServer
 
 

@@ -15,15 +15,31 @@ import json
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.store.db import Database
 
-#: The record exists but its object is not complete yet (or its removal is under way).
-CREATING = "creating"
-REMOVING = "removing"
+
+class PodPhase(StrEnum):
+    """Where a pod is in its life; stored as the string."""
+
+    #: The record exists but the pod is not complete yet.
+    CREATING = "creating"
+    READY = "ready"
+    NOTREADY = "notready"
+    #: Its removal is under way.
+    REMOVING = "removing"
+
+
+class ContainerPhase(StrEnum):
+    """Where a container's record is; whether it runs comes from its timestamps."""
+
+    CREATING = "creating"
+    CREATED = "created"
+    REMOVING = "removing"
 
 
 @dataclass(frozen=True)
@@ -33,7 +49,7 @@ class SandboxRecord:
     config: pb.PodSandboxConfig
     runtime_handler: str
     created_at: int
-    phase: str = CREATING  # creating | ready | notready | removing
+    phase: PodPhase = PodPhase.CREATING
     pid: int = 0
     netns: str = ""
     image_id: str = ""
@@ -44,9 +60,16 @@ class SandboxRecord:
     #: "pinned" (bind mounts, no process: drop_infra_ctr).
     controller: str = "pause"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", PodPhase(self.phase))  # a str from JSON
+
     @property
     def ready(self) -> bool:
-        return self.phase == "ready"
+        return self.phase is PodPhase.READY
+
+    @property
+    def creating(self) -> bool:
+        return self.phase is PodPhase.CREATING
 
 
 @dataclass(frozen=True)
@@ -61,7 +84,7 @@ class ContainerRecord:
     image_name: str = ""
     #: ContainerStatus.image_ref: the first repo digest, else the image id.
     image_ref: str = ""
-    phase: str = CREATING  # creating | created | removing
+    phase: ContainerPhase = ContainerPhase.CREATING
     started_at: int = 0
     finished_at: int = 0
     exit_code: int = 0
@@ -77,6 +100,13 @@ class ContainerRecord:
     #: The spec's linux.resources minus devices, plus ``oomScoreAdj`` (JSON): what
     #: ContainerStatus.resources reports; kept current by UpdateContainerResources.
     resources: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", ContainerPhase(self.phase))  # a str from JSON
+
+    @property
+    def creating(self) -> bool:
+        return self.phase is ContainerPhase.CREATING
 
     @property
     def state(self) -> pb.ContainerState.ValueType:
@@ -139,7 +169,7 @@ class RecordStore(Generic[R]):
     def visible(self) -> list[R]:
         """Records whose object is complete or going away: not one still being created
         (critest: an object is invisible while its Run/Create hook runs)."""
-        return [r for r in self._items.values() if r.phase != CREATING]
+        return [r for r in self._items.values() if not r.creating]
 
     def put(self, rec: R) -> R:
         fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
@@ -170,5 +200,5 @@ def container_store(db: Database) -> RecordStore[ContainerRecord]:
     return RecordStore(db, "containers", ContainerRecord, pb.ContainerConfig.FromString)
 
 
-__all__ = ["CREATING", "REMOVING", "ContainerRecord", "RecordStore", "SandboxRecord",
+__all__ = ["ContainerPhase", "ContainerRecord", "PodPhase", "RecordStore", "SandboxRecord",
            "container_store", "sandbox_store"]

@@ -8,10 +8,10 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.service import CRIService
+from pycrid.core.cri_service import CRIService
 from pycrid.errors import InvalidArgument
 from pycrid.images.auth import Credentials
-from pycrid.images.service import ImageView
+from pycrid.images.image_service import ImageView
 
 
 def _image_pb(v: ImageView) -> Any:

@@ -33,11 +33,11 @@ from pycrid.core.registrar import RWLock
 from pycrid.errors import NotFound
 from pycrid.nri import api
 from pycrid.nri.adaptation.adaptation import Adaptation, SyncFn
-from pycrid.oci.adjust import HostSupport, apply_adjustment
 from pycrid.oci.cdi import CdiRegistry
+from pycrid.oci.nri_apply import HostSupport, apply_adjustment
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.bundle import read_spec
-from pycrid.store.pods import ContainerRecord, RecordStore, SandboxRecord
+from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
 
 log = logging.getLogger(__name__)
 

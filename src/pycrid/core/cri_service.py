@@ -26,17 +26,17 @@ from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
 from pycrid.core.containers import ContainerManager, ContainerPaths
 from pycrid.core.events import ContainerEvents
-from pycrid.core.nri import NRI, runc_version
+from pycrid.core.nri_relay import NRI, runc_version
 from pycrid.core.pods import PodManager
 from pycrid.core.registrar import KeyedLocks
-from pycrid.core.stats import StatsService
+from pycrid.core.stats_queries import StatsService
 from pycrid.events.monitor import ExitMonitor
-from pycrid.images.service import ImageService
-from pycrid.network.service import PodNetworks
-from pycrid.oci.adjust import HostSupport
+from pycrid.host.cgroups import probe as probe_cgroups
+from pycrid.images.image_service import ImageService
+from pycrid.network.pod_networks import PodNetworks
+from pycrid.oci.nri_apply import HostSupport
 from pycrid.oci.resources import ResourcePolicy
 from pycrid.oci.spec import CgroupDriver
-from pycrid.runtime.cgroups import probe as probe_cgroups
 from pycrid.runtime.exits import Exit, ExitWatcher
 from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
@@ -44,7 +44,7 @@ from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
 from pycrid.sandbox.router import SandboxRouter
 from pycrid.store.db import Database
-from pycrid.store.pods import container_store, sandbox_store
+from pycrid.store.records import container_store, sandbox_store
 
 log = logging.getLogger(__name__)
 

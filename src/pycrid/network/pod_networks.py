@@ -25,8 +25,8 @@ from pycrid.config.schema import CNIConfig, RuntimeHandlerConfig
 from pycrid.errors import FailedPrecondition, InvalidArgument, Unknown
 from pycrid.network.cache import ResultCache
 from pycrid.network.cni import CNINetwork, NotReady
+from pycrid.network.cni_args import EGRESS_ANNOTATION, INGRESS_ANNOTATION, attachment
 from pycrid.network.invoke import PluginError
-from pycrid.network.pod import EGRESS_ANNOTATION, INGRESS_ANNOTATION, attachment
 from pycrid.network.template import TemplateError, render
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from pycrid.stats.cgfiles import (
     read_text,
     weight_to_shares,
 )
-from pycrid.stats.devices import block_device
+from pycrid.stats.device_names import block_device
 from pycrid.stats.procfs import descriptor_counts
 
 log = logging.getLogger(__name__)

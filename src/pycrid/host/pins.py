@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from pycrid.errors import Internal
-from pycrid.images.mount import mount, unmount
+from pycrid.host.mounts import mount, unmount
 from pycrid.images.snapshots import Mount
 
 T = TypeVar("T")

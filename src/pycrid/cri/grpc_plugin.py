@@ -11,11 +11,11 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from pycrid.config.schema import CRIServerConfig
-from pycrid.core.service import CRIService
+from pycrid.core.cri_service import CRIService
 from pycrid.core.streams import ContainerStreams
-from pycrid.cri.images import ImageServicer
+from pycrid.cri.image_servicer import ImageServicer
 from pycrid.cri.instrument import Gate, Record, Tracer, instrumented_servicer
-from pycrid.cri.runtime import RuntimeServicer
+from pycrid.cri.runtime_servicer import RuntimeServicer
 from pycrid.streaming.server import StreamServer
 from pycrid.streaming.tls import server_context
 

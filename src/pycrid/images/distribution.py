@@ -34,11 +34,11 @@ from pycrid.errors import (
     Unauthenticated,
     Unavailable,
 )
-from pycrid.images import oci
+from pycrid.images import mediatypes as oci
 from pycrid.images.auth import Authorizer, Credentials, parse_www_authenticate
 from pycrid.images.hosts import CAP_PULL, CAP_RESOLVE, RegistryHost, RegistryHosts
 from pycrid.images.manifest import detect_media_type
-from pycrid.images.oci import Descriptor
+from pycrid.images.mediatypes import Descriptor
 from pycrid.images.reference import Reference
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """CreateContainer latency with 0, 1, 5... NRI plugins subscribed to CreateContainer.
 
 The plugins are small SDK plugins run as external processes that dial the runtime's NRI
-socket (``python -m pycrid.bench.nri plugin --idx NN --socket PATH --ready FILE --pod-uid
+socket (``python -m pycrid.bench.nri_load plugin --idx NN --socket PATH --ready FILE --pod-uid
 UID``); each adds ``BENCH_NRI_<idx>=1`` to the containers of the benchmark's own pod (no
 other container on the node is changed) and touches FILE once synchronized, so the
 benchmark needs nothing from the runtime's log and works against any NRI runtime.
@@ -25,12 +25,12 @@ from typing import Any
 from pycrid.bench.cri import container_config, pod_config
 from pycrid.bench.procs import accepted_connections
 from pycrid.bench.report import Section
-from pycrid.bench.stats import timed
 from pycrid.bench.target import Target
+from pycrid.bench.timing import timed
 from pycrid.nri import Adjustment, Plugin, api
 from pycrid.nri import run as run_plugin
 
-PROG = "pycrid.bench.nri"
+PROG = "pycrid.bench.nri_load"
 FIRST_IDX = 10
 PLUGIN_NAME = "bench"
 ENV_PREFIX = "BENCH_NRI_"
@@ -247,6 +247,6 @@ def run(target: Target, phases: list[int], rounds: int, seed: int = 0,
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["plugin"]:
-        sys.exit("usage: python -m pycrid.bench.nri plugin --idx NN --socket PATH --ready FILE "
-                 "--pod-uid UID (the benchmark itself is `pycrid bench`)")
+        sys.exit("usage: python -m pycrid.bench.nri_load plugin --idx NN --socket PATH "
+                 "--ready FILE --pod-uid UID (the benchmark itself is `pycrid bench`)")
     sys.exit(plugin_main(sys.argv[2:]))
