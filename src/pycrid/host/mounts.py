@@ -11,9 +11,19 @@ import ctypes.util
 import errno
 import os
 import re
+from dataclasses import dataclass
 
 from pycrid.errors import Internal
-from pycrid.images.snapshots import Mount
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount(2) call: filesystem type, source and options (as ``mount -o`` takes them)."""
+
+    type: str
+    source: str
+    options: tuple[str, ...] = ()
+
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,

@@ -20,8 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from pycrid.errors import Internal
-from pycrid.host.mounts import mount, unmount
-from pycrid.images.snapshots import Mount
+from pycrid.host.mounts import Mount, mount, unmount
 
 T = TypeVar("T")
 

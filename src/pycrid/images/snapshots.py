@@ -16,6 +16,10 @@ import abc
 import enum
 from dataclasses import dataclass, field
 
+from pycrid.host.mounts import Mount
+
+__all__ = ["TEMP_PREFIX", "Info", "Kind", "Mount", "Snapshotter", "Usage"]
+
 #: Keys of scratch snapshots (a layer being unpacked); every snapshotter's ``cleanup()``
 #: removes them, since a crash is the only way one outlives its unpack.
 TEMP_PREFIX = "extract-"
@@ -25,15 +29,6 @@ class Kind(enum.Enum):
     ACTIVE = "active"
     VIEW = "view"
     COMMITTED = "committed"
-
-
-@dataclass(frozen=True)
-class Mount:
-    """One mount(2) call: filesystem type, source and options (as ``mount -o`` takes them)."""
-
-    type: str
-    source: str
-    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ import socket
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.faults import failpoint
-from pycrid.host.mounts import mount, unmount
-from pycrid.images.snapshots import Mount
+from pycrid.host.mounts import Mount, mount, unmount
 from pycrid.oci.mounts import SandboxFiles
 
 #: /dev/shm of a pod: one 64 MiB tmpfs shared by its containers (§1.5).

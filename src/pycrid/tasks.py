@@ -1,0 +1,93 @@
+"""Who owns a task: every background task pycrid starts belongs to an ``Owner``, and
+every owner belongs to another, up to the daemon's, so stopping the daemon stops them all.
+
+This is trio's nursery made to fit long-lived services: tasks are spawned from anywhere
+(a callback, a sync method) and live until they finish or the owner closes. A task that
+fails is logged with its name, never lost. ``race`` is the other shape we need: run a few
+awaitables, keep the first to finish, cancel the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Owner:
+    """A named set of tasks and child owners, closed together."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._children: list[Owner] = []
+        self._closed = False
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task of this owner until it returns or the owner closes."""
+        if self._closed:
+            coro.close()
+            raise RuntimeError(f"{self.name} is closed: cannot start {name}")
+        task = asyncio.create_task(coro, name=f"{self.name}: {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def child(self, name: str) -> Owner:
+        """A sub-owner, closed (before this owner's own tasks) when this one closes."""
+        owner = Owner(f"{self.name}/{name}")
+        self._children.append(owner)
+        return owner
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def tree(self) -> list[str]:
+        """This owner's live tasks and its children's, by name (for logs and tests)."""
+        names = sorted(t.get_name() for t in self._tasks)
+        for child in self._children:
+            names.extend(child.tree())
+        return names
+
+    async def aclose(self) -> None:
+        """Close the children (last made first), then cancel this owner's tasks and wait
+        for them all. Idempotent."""
+        self._closed = True
+        for owner in reversed(self._children):
+            await owner.aclose()
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("task %r failed: %r", task.get_name(), error, exc_info=error)
+
+
+async def race(*contenders: Awaitable[T]) -> T:
+    """The outcome (result or exception) of the first of ``contenders`` to finish; the
+    others are cancelled and waited for before this returns."""
+    tasks = [asyncio.ensure_future(c) for c in contenders]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    winner = next(t for t in tasks if t in done)
+    return winner.result()
