@@ -60,7 +60,7 @@ from pycrid.runtime.bundle import (
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
-from pycrid.runtime.interface import ContainerRuntime, CreateOptions
+from pycrid.runtime.interface import ContainerRuntime, CreateOptions, RuncState, RuncStatus
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
 from pycrid.store.image_records import ImageRecord
@@ -485,7 +485,7 @@ class ContainerManager:
         exit_ = await self.waiters.wait(cid, KILL_WAIT)
         if exit_ is None:
             state = await self.runtime.state(cid)
-            if state is not None and state.get("status") not in ("stopped",):
+            if state is not None and state.status is not RuncStatus.STOPPED:
                 raise DeadlineExceeded(f"container {cid} did not exit {KILL_WAIT:.0f}s "
                                        "after SIGKILL")
             exit_ = Exit(cid, 255, now_ns(), reason="Unknown")
@@ -669,7 +669,7 @@ class ContainerManager:
 
     # ---- restart -------------------------------------------------------------------------
 
-    async def recover(self, states: dict[str, dict[str, Any]],
+    async def recover(self, states: dict[str, RuncState],
                       submit: Callable[[Exit], None]) -> None:
         """Reload records (RECOVERY_CONCURRENCY at a time): finish or undo half-done work,
         then reconcile each with runc's view (``states``, from one ``runc list``) and
@@ -689,7 +689,7 @@ class ContainerManager:
 
         await asyncio.gather(*(one(rec) for rec in self.store.all()))
 
-    async def _recover_one(self, rec: ContainerRecord, state: dict[str, Any] | None,
+    async def _recover_one(self, rec: ContainerRecord, state: RuncState | None,
                            submit: Callable[[Exit], None]) -> None:
         if rec.phase is not ContainerPhase.CREATED or self.sandboxes.get(rec.sandbox_id) is None:
             log.info("container %s: removing what an interrupted %s left", rec.id,
@@ -701,12 +701,13 @@ class ContainerManager:
         if rec.finished_at:
             return
         exit_ = self.runtime.exit_of(rec.id)
-        status = state.get("status") if state is not None else None
-        if exit_ is None and status in (None, "stopped"):
+        status = state.status if state is not None else None
+        if exit_ is None and status in (None, RuncStatus.STOPPED):
             # No status anywhere (runc forgot it, conmon died with it): containerd's
             # unknown exit code and reason.
             exit_ = Exit(rec.id, 255, now_ns(), reason="Unknown")
-        if not rec.started_at and exit_ is None and status in ("running", "paused"):
+        started = status in (RuncStatus.RUNNING, RuncStatus.PAUSED)
+        if not rec.started_at and exit_ is None and started:
             # Killed between ``runc start`` and its record: the start happened; finish it.
             log.info("container %s: finishing an interrupted start", rec.id)
             self.store.update(rec.id, started_at=now_ns())

@@ -36,7 +36,8 @@ from pycrid.network.pod_networks import PodNetworks
 from pycrid.oci.resources import resources_json
 from pycrid.oci.security import validate_pod as validate_pod_security
 from pycrid.runtime.exits import Exit
-from pycrid.sandbox.controller import SandboxController, SandboxRequest
+from pycrid.runtime.interface import RuncState
+from pycrid.sandbox.controller import SandboxController, SandboxRequest, SandboxState
 from pycrid.store.image_records import ImageRecord
 from pycrid.store.records import PodPhase, RecordStore, SandboxRecord
 
@@ -329,7 +330,7 @@ class PodManager:
             self.events.emit(events.STOPPED, sid, sid)
             self.containers.sessions.end(sid, f"pod sandbox {sid} stopped")
 
-    async def recover(self, states: dict[str, dict[str, Any]],
+    async def recover(self, states: dict[str, RuncState],
                       submit: Callable[[Exit], None]) -> Sequence[str]:
         """Reload records (RECOVERY_CONCURRENCY at a time): undo interrupted creations,
         finish interrupted removals, and keep a pod ready only if its pause process lives
@@ -374,7 +375,7 @@ class PodManager:
                         sid, problem)
             self._not_ready(sid)
 
-    async def _recover_one(self, rec: SandboxRecord, states: dict[str, dict[str, Any]],
+    async def _recover_one(self, rec: SandboxRecord, states: dict[str, RuncState],
                            submit: Callable[[Exit], None]) -> None:
         if rec.creating:
             log.info("pod sandbox %s: undoing an interrupted creation", rec.id)
@@ -397,7 +398,7 @@ class PodManager:
         status = self.controller.recovered_status(rec.id, states)
         if status.exit is not None:
             submit(status.exit)  # handled after recovery, as a fresh exit
-        elif status.state != "running":
+        elif status.state is not SandboxState.RUNNING:
             log.warning("pod sandbox %s: its %s gone", rec.id,
                         "pause process is" if rec.controller == "pause"
                         else "pinned namespaces are")

@@ -28,7 +28,7 @@ from pycrid import inotify
 from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, Unknown
 from pycrid.runtime import interactive
 from pycrid.runtime.exits import Exit, read_exit
-from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
+from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
 from pycrid.runtime.signals import signal_init
 from pycrid.stats.cgroup_readers import Hierarchy, oom_kills
 from pycrid.stdio import ProcessIO
@@ -124,21 +124,21 @@ class ConmonRuntime(ContainerRuntime):
         if rc != 0 and "does not exist" not in err:
             raise Unknown(f"runc delete {object_id}: {err}")
 
-    async def state(self, object_id: str) -> dict[str, Any] | None:
+    async def state(self, object_id: str) -> RuncState | None:
         rc, out, err = await self._runc("state", object_id)
         if rc != 0:
             if "does not exist" in err:
                 return None
             raise Unknown(f"runc state {object_id}: {err}")
-        state: dict[str, Any] = json.loads(out)
-        return state
+        return RuncState.from_json(json.loads(out))
 
-    async def states(self) -> dict[str, dict[str, Any]]:
+    async def states(self) -> dict[str, RuncState]:
         rc, out, err = await self._runc("list", "--format", "json")
         if rc != 0:
             raise Unknown(f"runc list: {err}")
         listed = json.loads(out or b"null") or []
-        return {str(s["id"]): s for s in listed if isinstance(s, dict) and "id" in s}
+        return {str(s["id"]): RuncState.from_json(s) for s in listed
+                if isinstance(s, dict) and "id" in s}
 
     # ---- create through conmon ---------------------------------------------------------
 

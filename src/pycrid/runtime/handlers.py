@@ -23,7 +23,7 @@ from pycrid.config.decode import ConfigError
 from pycrid.config.schema import RuntimeConfig
 from pycrid.errors import InvalidArgument
 from pycrid.runtime.exits import Exit
-from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
+from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
 from pycrid.stdio import ProcessIO
 
 log = logging.getLogger(__name__)
@@ -177,12 +177,12 @@ class RuntimeRouter(ContainerRuntime):
     async def update(self, object_id: str, resources: dict[str, Any]) -> None:
         await self._of(object_id).update(object_id, resources)
 
-    async def state(self, object_id: str) -> dict[str, Any] | None:
+    async def state(self, object_id: str) -> RuncState | None:
         return await self._of(object_id).state(object_id)
 
-    async def states(self) -> dict[str, dict[str, Any]]:
+    async def states(self) -> dict[str, RuncState]:
         """Every handler's ``runc list``; who listed an id owns it from now on."""
-        merged: dict[str, dict[str, Any]] = {}
+        merged: dict[str, RuncState] = {}
         for name, rt in self.runtimes.items():
             for oid, state in (await rt.states()).items():
                 merged[oid] = state

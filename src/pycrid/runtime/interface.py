@@ -8,7 +8,8 @@ is prepared by the caller.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 from typing import Any
 
 from pycrid.runtime.exits import Exit
@@ -28,6 +29,42 @@ class CreateOptions:
     stdin_once: bool = False
     #: The pod's runtime handler (empty: the default one).
     runtime_handler: str = ""
+
+
+class RuncStatus(enum.Enum):
+    """runc's ``status`` of a container (``runc state``/``runc list``)."""
+
+    CREATING = "creating"
+    CREATED = "created"
+    RUNNING = "running"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class RuncState:
+    """What runc reports of one container; ``raw`` is its JSON as printed, for the
+    verbose info of PodSandboxStatus."""
+
+    id: str
+    status: RuncStatus
+    pid: int
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RuncState:
+        try:
+            status = RuncStatus(doc.get("status"))
+        except ValueError:
+            status = RuncStatus.UNKNOWN
+        return cls(str(doc.get("id", "")), status, int(doc.get("pid") or 0), doc)
+
+    @property
+    def alive(self) -> bool:
+        """Its init process exists (created and not yet stopped)."""
+        return self.status not in (RuncStatus.STOPPED, RuncStatus.UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -61,11 +98,11 @@ class ContainerRuntime(abc.ABC):
         """Change a live container's cgroup limits (an OCI ``linux.resources`` object)."""
 
     @abc.abstractmethod
-    async def state(self, object_id: str) -> dict[str, Any] | None:
+    async def state(self, object_id: str) -> RuncState | None:
         """The runtime's view (``runc state``), or None for an unknown container."""
 
     @abc.abstractmethod
-    async def states(self) -> dict[str, dict[str, Any]]:
+    async def states(self) -> dict[str, RuncState]:
         """Every container the runtime knows, by id (one ``runc list``: recovery asks
         once instead of once per container)."""
 

@@ -9,6 +9,7 @@ network namespace (and, later, runs CNI) and hands its path in.
 from __future__ import annotations
 
 import abc
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.exits import Exit
+from pycrid.runtime.interface import RuncState
 from pycrid.store.records import SandboxRecord
 
 
@@ -37,12 +39,19 @@ class SandboxRequest:
     runtime_handler: str = ""
 
 
+class SandboxState(enum.Enum):
+    """Whether what stands for a pod (its pause process, or its pinned namespaces) lives."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+
 @dataclass(frozen=True)
 class SandboxStatus:
     id: str
     pid: int
-    #: "running", "stopped" or "unknown"
-    state: str
+    state: SandboxState
     exit: Exit | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -82,7 +91,7 @@ class SandboxController(abc.ABC):
 
     @abc.abstractmethod
     def recovered_status(self, sandbox_id: str,
-                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+                         runtime_states: dict[str, RuncState]) -> SandboxStatus:
         """At start-up: the sandbox's status from the runtime's view of every container
         (one ``runc list``) and its recorded exit, without a runtime call of its own."""
 

@@ -34,11 +34,12 @@ from pycrid.runtime.bundle import (
 )
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.handlers import HandlerSpec
-from pycrid.runtime.interface import ContainerRuntime, CreateOptions
+from pycrid.runtime.interface import ContainerRuntime, CreateOptions, RuncState, RuncStatus
 from pycrid.sandbox.controller import (
     SandboxAnchor,
     SandboxController,
     SandboxRequest,
+    SandboxState,
     SandboxStatus,
 )
 from pycrid.sandbox.files import PodFiles
@@ -134,22 +135,23 @@ class PauseController(SandboxController):
         state = await self.runtime.state(sandbox_id)
         info: dict[str, Any] = {}
         if verbose and state is not None:
-            info["runtimeState"] = state
+            info["runtimeState"] = state.raw
             with contextlib.suppress(NotFound):
                 info["runtimeSpec"] = read_spec(self.bundle(sandbox_id))
         return self._status(sandbox_id, state, info)
 
     def recovered_status(self, sandbox_id: str,
-                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+                         runtime_states: dict[str, RuncState]) -> SandboxStatus:
         return self._status(sandbox_id, runtime_states.get(sandbox_id), {})
 
-    def _status(self, sandbox_id: str, state: dict[str, Any] | None,
+    def _status(self, sandbox_id: str, state: RuncState | None,
                 info: dict[str, Any]) -> SandboxStatus:
         exit_ = self.runtime.exit_of(sandbox_id)
         if state is None:
-            return SandboxStatus(sandbox_id, 0, "unknown", exit_)
-        status = "running" if state.get("status") in ("running", "created") else "stopped"
-        return SandboxStatus(sandbox_id, int(state.get("pid") or 0), status, exit_, info)
+            return SandboxStatus(sandbox_id, 0, SandboxState.UNKNOWN, exit_)
+        alive = state.status in (RuncStatus.RUNNING, RuncStatus.CREATED)
+        return SandboxStatus(sandbox_id, state.pid,
+                             SandboxState.RUNNING if alive else SandboxState.STOPPED, exit_, info)
 
     async def shutdown(self, sandbox_id: str) -> None:
         self._handler_of.pop(sandbox_id, None)  # created, never started

@@ -33,10 +33,12 @@ from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.security import sysctl_namespace
 from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, pod_sysctls
 from pycrid.runtime.exits import Exit
+from pycrid.runtime.interface import RuncState
 from pycrid.sandbox.controller import (
     SandboxAnchor,
     SandboxController,
     SandboxRequest,
+    SandboxState,
     SandboxStatus,
 )
 from pycrid.sandbox.files import PodFiles
@@ -50,7 +52,7 @@ log = logging.getLogger(__name__)
 _LAYOUT = "sandbox.json"
 #: Present once the pod is stopped (a pod sharing every namespace with the host has
 #: nothing pinned that could tell).
-_STOPPED = "stopped"
+_STOPPED = "stopped"  # the marker file a stopped pod leaves
 
 
 def _sethostname(name: str) -> None:
@@ -173,19 +175,20 @@ class PinnedController(SandboxController):
         except (OSError, ValueError):
             return None
 
-    def _state(self, sid: str) -> str:
+    def _state(self, sid: str) -> SandboxState:
         """running until stopped, while every namespace pinned at create still is."""
         layout = self._layout(sid)
         if layout is None or os.path.exists(os.path.join(self.pod_files.bundle(sid), _STOPPED)):
-            return "stopped"
+            return SandboxState.STOPPED
         pinned = layout.get("pins") or {}
-        return "running" if all(pins.is_pinned(p) for p in pinned.values()) else "stopped"
+        alive = all(pins.is_pinned(p) for p in pinned.values())
+        return SandboxState.RUNNING if alive else SandboxState.STOPPED
 
     async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus:
         return self.recovered_status(sandbox_id, {})
 
     def recovered_status(self, sandbox_id: str,
-                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+                         runtime_states: dict[str, RuncState]) -> SandboxStatus:
         return SandboxStatus(sandbox_id, 0, self._state(sandbox_id))
 
     async def shutdown(self, sandbox_id: str) -> None:

@@ -4,11 +4,11 @@ namespaces (a pod without a pause process)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.exits import Exit
+from pycrid.runtime.interface import RuncState
 from pycrid.sandbox.controller import (
     SandboxAnchor,
     SandboxController,
@@ -44,7 +44,7 @@ class SandboxRouter(SandboxController):
         return await self._of(sandbox_id).status(sandbox_id, verbose)
 
     def recovered_status(self, sandbox_id: str,
-                         runtime_states: dict[str, dict[str, Any]]) -> SandboxStatus:
+                         runtime_states: dict[str, RuncState]) -> SandboxStatus:
         return self._of(sandbox_id).recovered_status(sandbox_id, runtime_states)
 
     async def shutdown(self, sandbox_id: str) -> None:
