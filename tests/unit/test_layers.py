@@ -113,3 +113,23 @@ def test_no_source_module_over_the_limit() -> None:
     long = {p.relative_to(SRC).as_posix(): n for p in _sources()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+MAX_PARAMS = 8
+
+
+def test_no_function_takes_more_than_eight_parameters() -> None:
+    """Counting every parameter but ``self``/``cls``: more than eight means a group of
+    them wants to be one typed object."""
+    wide = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]
+                if params and params[0].arg in ("self", "cls"):
+                    params = params[1:]
+                if len(params) > MAX_PARAMS:
+                    wide.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} "
+                                f"({len(params)})")
+    assert wide == []
