@@ -126,7 +126,8 @@ def test_no_function_takes_more_than_eight_parameters() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 a = node.args
-                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs,
+                          *filter(None, [a.vararg, a.kwarg])]
                 if params and params[0].arg in ("self", "cls"):
                     params = params[1:]
                 if len(params) > MAX_PARAMS:
