@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pycrid.stats.cgroup_readers import CgroupStats, Hierarchy, host_hierarchy, nano_cores
+from pycrid.stats.cgroup_hierarchy import Hierarchy, host_hierarchy
+from pycrid.stats.cgroup_stats import CgroupStats, nano_cores
 from pycrid.stats.netdev import InterfaceCounters, read_net_dev
 
 log = logging.getLogger(__name__)
