@@ -146,7 +146,7 @@ async def _init_runc(ctx: InitContext) -> Any:
 
     from pycrid.runtime.conmon import ConmonRuntime
     from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
-    from pycrid.stats.cgroup_readers import host_hierarchy
+    from pycrid.stats.cgroup_hierarchy import host_hierarchy
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     state = ctx.properties["state"]
@@ -179,7 +179,7 @@ async def _init_podsandbox(ctx: InitContext) -> Any:
 
 async def _init_pinned(ctx: InitContext) -> Any:
     from pycrid.sandbox.pinned import PinnedController
-    from pycrid.stats.cgroup_readers import host_hierarchy
+    from pycrid.stats.cgroup_hierarchy import host_hierarchy
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     return PinnedController(root_dir=ctx.properties["root"], state_dir=ctx.properties["state"],

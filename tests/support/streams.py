@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from pycrid.streaming import channels, spdy
+from pycrid.streaming import channels, spdy, spdy_events
 from pycrid.streaming.side_streams import parse_exit_status
 
 
@@ -141,19 +141,19 @@ class SpdyClient:
             while True:
                 for event in self.codec.receive_data(data) if data else ():
                     s = self.streams.get(getattr(event, "stream_id", -1))
-                    if isinstance(event, spdy.StreamReplied) and s:
+                    if isinstance(event, spdy_events.StreamReplied) and s:
                         s.replied.set()
-                    elif isinstance(event, spdy.DataReceived) and s:
+                    elif isinstance(event, spdy_events.DataReceived) and s:
                         if event.data:
                             s.data.put_nowait(event.data)
                             self.codec.acknowledge(event.stream_id, len(event.data))
                         if event.fin:
                             self._end(s)
-                    elif isinstance(event, spdy.StreamReset) and s:
+                    elif isinstance(event, spdy_events.StreamReset) and s:
                         self._end(s)
-                    elif isinstance(event, spdy.GoAwayReceived):
+                    elif isinstance(event, spdy_events.GoAwayReceived):
                         self.goaway.set()
-                    elif isinstance(event, spdy.WindowUpdated):
+                    elif isinstance(event, spdy_events.WindowUpdated):
                         self.window.set()
                 self._flush()
                 data = await self.reader.read(65536)

@@ -22,7 +22,7 @@ from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.sandbox.pause import PauseController
 from pycrid.sandbox.pinned import PinnedController
 from pycrid.sandbox.router import SandboxRouter
-from pycrid.stats.cgroup_readers import Hierarchy
+from pycrid.stats.cgroup_hierarchy import Hierarchy
 from pycrid.store.db import Database
 from pycrid.store.records import ContainerRecord, SandboxRecord, container_store, sandbox_store
 

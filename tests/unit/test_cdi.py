@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from pycrid.errors import FailedPrecondition, InvalidArgument
-from pycrid.oci.cdi import DEFAULT_SPEC_DIRS, HOOK_NAMES, CdiRegistry
+from pycrid.oci.cdi import DEFAULT_SPEC_DIRS, CdiRegistry
+from pycrid.oci.cdi_specs import HOOK_NAMES
 
 KIND = "vendor.com/gpu"
 NULL_NODE = {"path": "/dev/null"}  # a char device (1, 3) on every Linux host

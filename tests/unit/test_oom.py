@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pycrid.runtime.conmon import ConmonRuntime
-from pycrid.stats.cgroup_readers import Hierarchy, oom_kills
+from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills
 
 CGROUPS_PATH = "/k8s.io/" + "ab" * 32
 

@@ -7,24 +7,22 @@ import zlib
 
 import pytest
 
-from pycrid.streaming import spdy
-from pycrid.streaming.spdy import (
+from pycrid.streaming import spdy_frames
+from pycrid.streaming.spdy import FlowControlError, SpdyConnection, StreamClosedError
+from pycrid.streaming.spdy_events import (
     DataReceived,
     Event,
-    FlowControlError,
     GoAwayReceived,
     HeadersReceived,
     PingAcknowledged,
     PingReceived,
-    ProtocolError,
     SettingsReceived,
-    SpdyConnection,
-    StreamClosedError,
     StreamOpened,
     StreamReplied,
     StreamReset,
     WindowUpdated,
 )
+from pycrid.streaming.spdy_frames import ProtocolError
 
 # Bytes written by moby/spdystream's spdy.Framer (the vendored copy kubectl and
 # crictl use). The client-direction frames come from one framer, so
@@ -105,7 +103,7 @@ def test_reset_forgets_stream_and_late_frames_are_dropped(
     client.reset_stream(sid)
     assert not client.is_open(sid)
     assert pump(server, client) == []  # data for the stream we just reset
-    assert pump(client, server) == [StreamReset(sid, spdy.CANCEL)]
+    assert pump(client, server) == [StreamReset(sid, spdy_frames.CANCEL)]
     assert not server.is_open(sid)
     client.reset_stream(sid)  # already gone: nothing queued
     assert client.data_to_send() == b""
@@ -116,9 +114,9 @@ def test_data_after_remote_fin_is_reset(pair: tuple[SpdyConnection, SpdyConnecti
     sid = client.open_stream({}, fin=True)
     pump(client, server)
     frame = struct.pack(">II", sid, 3) + b"bad"
-    assert server.receive_data(frame) == [StreamReset(sid, spdy.STREAM_ALREADY_CLOSED)]
+    assert server.receive_data(frame) == [StreamReset(sid, spdy_frames.STREAM_ALREADY_CLOSED)]
     assert client.receive_data(server.data_to_send()) == [
-        StreamReset(sid, spdy.STREAM_ALREADY_CLOSED)
+        StreamReset(sid, spdy_frames.STREAM_ALREADY_CLOSED)
     ]
 
 
@@ -132,8 +130,8 @@ def test_ping_goaway_settings(pair: tuple[SpdyConnection, SpdyConnection]) -> No
     server.data_to_send()
     sid = client.open_stream({})
     pump(client, server)
-    server.go_away(spdy.INTERNAL_ERROR)
-    assert pump(server, client) == [GoAwayReceived(sid, spdy.INTERNAL_ERROR)]
+    server.go_away(spdy_frames.INTERNAL_ERROR)
+    assert pump(server, client) == [GoAwayReceived(sid, spdy_frames.INTERNAL_ERROR)]
     assert client.go_away_received and server.go_away_sent
     body = struct.pack(">III", 1, (1 << 24) | 4, 100)  # flag 1 (persist), id 4
     frame = struct.pack(">HHI", 0x8003, 4, len(body)) + body
@@ -146,7 +144,8 @@ def test_refuses_streams_after_goaway(pair: tuple[SpdyConnection, SpdyConnection
     server.go_away()
     client.open_stream({"x": "y"})
     assert pump(client, server) == []
-    assert pump(server, client) == [GoAwayReceived(0, 0), StreamReset(1, spdy.REFUSED_STREAM)]
+    assert pump(server, client) == [GoAwayReceived(0, 0),
+                                    StreamReset(1, spdy_frames.REFUSED_STREAM)]
 
 
 def test_byte_by_byte_feeding(pair: tuple[SpdyConnection, SpdyConnection]) -> None:
@@ -182,8 +181,8 @@ def test_multi_valued_headers(pair: tuple[SpdyConnection, SpdyConnection]) -> No
     (event,) = pump(client, server)
     assert isinstance(event, StreamOpened)
     assert event.headers == {"accept": "a\x00b\x00c", "one": "1"}
-    assert spdy.header_values(event.headers, "Accept") == ["a", "b", "c"]
-    assert spdy.header_values(event.headers, "missing") == []
+    assert spdy_frames.header_values(event.headers, "Accept") == ["a", "b", "c"]
+    assert spdy_frames.header_values(event.headers, "missing") == []
 
 
 def test_large_data_is_split(pair: tuple[SpdyConnection, SpdyConnection]) -> None:
@@ -266,7 +265,7 @@ def test_settings_initial_window_enables_enforcement(
     client, _ = pair
     sid = client.open_stream({})
     client.send_data(sid, b"x" * 1000)
-    body = struct.pack(">III", 1, spdy.SETTINGS_INITIAL_WINDOW_SIZE, 4096)
+    body = struct.pack(">III", 1, spdy_frames.SETTINGS_INITIAL_WINDOW_SIZE, 4096)
     frame = struct.pack(">HHI", 0x8003, 4, len(body)) + body
     assert client.receive_data(frame) == [SettingsReceived({7: 4096})]
     assert client.send_window(sid) == 3096
@@ -312,7 +311,7 @@ def test_garbage_header_block() -> None:
 
 
 def test_header_block_with_bad_lengths() -> None:
-    c = zlib.compressobj(zdict=spdy.DICTIONARY)
+    c = zlib.compressobj(zdict=spdy_frames.DICTIONARY)
     block = c.compress(struct.pack(">II", 1, 50) + b"short") + c.flush(zlib.Z_SYNC_FLUSH)
     payload = struct.pack(">IIH", 1, 0, 0) + block
     frame = struct.pack(">HHI", 0x8003, 1, len(payload)) + payload
@@ -334,8 +333,8 @@ def test_unknown_control_frames_are_skipped() -> None:
 
 def test_dictionary_identity() -> None:
     # Go's framer puts this checksum (DICTID) into every zlib stream header.
-    assert len(spdy.DICTIONARY) == 1423
-    assert zlib.adler32(spdy.DICTIONARY) == int.from_bytes(GO_SYN_STREAM_ERROR[20:24], "big")
+    assert len(spdy_frames.DICTIONARY) == 1423
+    assert zlib.adler32(spdy_frames.DICTIONARY) == int.from_bytes(GO_SYN_STREAM_ERROR[20:24], "big")
 
 
 def test_decodes_go_framer_vectors() -> None:
@@ -351,7 +350,7 @@ def test_decodes_go_framer_vectors() -> None:
     server.reply(1)
     assert server.receive_data(GO_WINDOW_UPDATE + GO_RST_STREAM) == [
         WindowUpdated(1, 4096),
-        StreamReset(3, spdy.CANCEL),
+        StreamReset(3, spdy_frames.CANCEL),
     ]
     assert server.receive_data(GO_GOAWAY) == [GoAwayReceived(5, 0)]
 
@@ -388,5 +387,5 @@ def test_headers_after_remote_fin_reset_the_stream(
     pump(client, server)
     assert server.is_open(1) and server.remote_closed(1)
     twin.send_headers(1, {"x": "y"})
-    assert pump(twin, server) == [StreamReset(1, spdy.STREAM_ALREADY_CLOSED)]
+    assert pump(twin, server) == [StreamReset(1, spdy_frames.STREAM_ALREADY_CLOSED)]
     assert not server.is_open(1)

@@ -24,16 +24,9 @@ from pycrid.stats.cgfiles import (
     parse_psi,
     weight_to_shares,
 )
-from pycrid.stats.cgroup_readers import (
-    CgroupStats,
-    Hierarchy,
-    nano_cores,
-    parse_mountinfo,
-    read_v1,
-    read_v2,
-    relative_cgroup,
-    working_set,
-)
+from pycrid.stats.cgroup_hierarchy import Hierarchy, parse_mountinfo, relative_cgroup
+from pycrid.stats.cgroup_readers import read_v1, read_v2
+from pycrid.stats.cgroup_stats import CgroupStats, nano_cores, working_set
 from pycrid.stats.device_names import block_device, filesystem_device, mount_source
 from pycrid.stats.netdev import default_interface, parse_net_dev
 from pycrid.stats.pod_usage import sum_cgroups, sum_rates

@@ -25,7 +25,8 @@ from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.spec import CgroupDriver, cgroups_path
 from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.stats import metrics
-from pycrid.stats.cgroup_readers import CgroupStats, Hierarchy
+from pycrid.stats.cgroup_hierarchy import Hierarchy
+from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stats.device_names import filesystem_device
 from pycrid.stats.netdev import InterfaceCounters
 from pycrid.stats.pod_usage import sum_cgroups, sum_rates

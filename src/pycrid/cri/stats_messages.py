@@ -18,7 +18,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.stats_queries import ContainerStatsView, PodStatsView
 from pycrid.stats.cgfiles import Psi, PsiData
-from pycrid.stats.cgroup_readers import CgroupStats
+from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stats.metrics import COUNTER, Descriptor, MetricValue
 from pycrid.stats.netdev import InterfaceCounters, default_interface
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from pycrid.events.backoff import Backoff
 from pycrid.runtime.exits import Exit
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,15 @@ Handler = Callable[[Exit], Awaitable[None]]
 class ExitMonitor:
     def __init__(self, handler: Handler, *, timeout: float = HANDLER_TIMEOUT,
                  backoff: Backoff[str, Exit] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 owner: Owner | None = None) -> None:
         self._handler = handler
         self._timeout = timeout
         self.backoff: Backoff[str, Exit] = Backoff() if backoff is None else backoff
         self._clock = clock
         self._queue: asyncio.Queue[Exit] = asyncio.Queue()
+        #: Owns the one handling task (made here unless the caller gives one).
+        self._owner = owner if owner is not None else Owner("exit monitor")
         self._task: asyncio.Task[None] | None = None
         #: Exits handled successfully (for tests and the status page).
         self.handled = 0
@@ -49,14 +53,10 @@ class ExitMonitor:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="exit monitor")
+            self._task = self._owner.spawn(self._run(), "handle exits")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._owner.aclose()
 
     async def idle(self) -> None:
         """Until every submitted exit has been handled once (retries may still be pending)."""

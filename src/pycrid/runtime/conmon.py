@@ -30,7 +30,7 @@ from pycrid.runtime import interactive
 from pycrid.runtime.exits import Exit, read_exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
 from pycrid.runtime.signals import signal_init
-from pycrid.stats.cgroup_readers import Hierarchy, oom_kills
+from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills
 from pycrid.stdio import ProcessIO
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from pycrid.sandbox.controller import (
     SandboxStatus,
 )
 from pycrid.sandbox.files import PodFiles
-from pycrid.stats.cgroup_readers import Hierarchy, relative_cgroup
+from pycrid.stats.cgroup_hierarchy import Hierarchy, relative_cgroup
 from pycrid.store.records import SandboxRecord
 
 log = logging.getLogger(__name__)

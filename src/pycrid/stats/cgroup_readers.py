@@ -4,19 +4,17 @@ They read what cAdvisor reads for a container (usage, throttling, memory events,
 block I/O, pids, pressure) plus the descriptor counts of its processes, so the CRI
 stats and the cAdvisor-named metrics come from one reading. A missing file leaves
 its field unset; a missing directory means the object went away, which the
-caller tolerates.
+caller tolerates. Finding a container's cgroup directories is
+:mod:`pycrid.stats.cgroup_hierarchy`'s job.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import posixpath
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from pycrid.stats.cgfiles import (
-    UNLIMITED,
     IoEntry,
     Psi,
     limit,
@@ -31,13 +29,9 @@ from pycrid.stats.cgfiles import (
     read_text,
     weight_to_shares,
 )
+from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stats.device_names import block_device
 from pycrid.stats.procfs import descriptor_counts
-
-log = logging.getLogger(__name__)
-
-#: The v1 controllers the readers use.
-V1_CONTROLLERS = ("cpu", "cpuacct", "memory", "pids", "blkio")
 
 #: v1 blkio statistics files, in runc's order of preference: (operations, bytes). The
 #: first pair whose operations file has entries wins (bfq and cfq only count for
@@ -52,94 +46,6 @@ _BLKIO_FILES = (
 #: v2 memory.stat keys that make up kernel memory on kernels without the "kernel" key.
 _V2_KERNEL_KEYS = ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "sock",
                    "vmalloc", "slab")
-
-
-@dataclass(frozen=True)
-class CgroupStats:
-    """One reading of one cgroup; counters are cumulative, sizes in bytes. A field is
-    None when this kernel or cgroup version does not report it."""
-
-    cpu_ns: int | None = None
-    cpu_user_ns: int | None = None
-    cpu_system_ns: int | None = None
-    #: CFS bandwidth: enforcement periods so far, those throttled, time throttled.
-    cfs_periods: int | None = None
-    cfs_throttled_periods: int | None = None
-    cfs_throttled_ns: int | None = None
-    #: CPU settings: CFS period and quota (None: no quota), in microseconds; shares
-    #: (v2: the weight in shares' scale).
-    cpu_period_us: int | None = None
-    cpu_quota_us: int | None = None
-    cpu_shares: int | None = None
-    memory_usage: int | None = None
-    #: None when unlimited.
-    memory_limit: int | None = None
-    memory_max_usage: int | None = None
-    inactive_file: int = 0
-    active_file: int = 0
-    rss: int = 0
-    cache: int = 0
-    mapped_file: int = 0
-    pgfault: int = 0
-    pgmajfault: int = 0
-    #: Times usage hit the limit (v1 memory.failcnt, v2 memory.events "max").
-    memory_failcnt: int | None = None
-    kernel_memory: int | None = None
-    #: Swap in use (0 when the kernel does not account swap per cgroup, as cAdvisor).
-    swap: int | None = None
-    #: The kernel's swap limit as the cgroup states it (v1: memory+swap, v2: swap
-    #: alone; None when unlimited): what container_spec_memory_swap_limit_bytes shows.
-    swap_limit: int | None = None
-    #: Swap the container may still use (None when unlimited).
-    swap_available: int | None = None
-    #: Processes the OOM killer killed in this cgroup.
-    oom_kills: int | None = None
-    #: Processes (cgroup.procs) and threads (the pids controller counts tasks).
-    processes: int | None = None
-    threads: int | None = None
-    #: None when unlimited.
-    threads_max: int | None = None
-    #: Open descriptors of the processes, and how many are sockets.
-    fds: int | None = None
-    sockets: int | None = None
-    #: Block I/O per device: bytes and operations (runc's io_service_bytes/io_serviced).
-    io_bytes: tuple[IoEntry, ...] = ()
-    io_ops: tuple[IoEntry, ...] = ()
-    #: Pressure stall information (v2, or the unified hierarchy of a hybrid host).
-    cpu_psi: Psi | None = None
-    memory_psi: Psi | None = None
-    io_psi: Psi | None = None
-
-    @property
-    def working_set(self) -> int | None:
-        if self.memory_usage is None:
-            return None
-        return working_set(self.memory_usage, self.inactive_file)
-
-    @property
-    def available(self) -> int | None:
-        """limit - working set (kubelet's definition); None without a limit."""
-        ws = self.working_set
-        if self.memory_limit is None or ws is None:
-            return None
-        return max(self.memory_limit - ws, 0)
-
-
-def working_set(usage: int, inactive_file: int) -> int:
-    """usage - inactive file cache, floored at 0 (cAdvisor's and containerd's rule)."""
-    return max(usage - inactive_file, 0)
-
-
-def nano_cores(prev_cpu_ns: int, prev_ns: int, cpu_ns: int, now_ns: int) -> int | None:
-    """Average CPU use between two samples, in billionths of a core; None when the two
-    samples cannot give a rate (no time between them, or the counter went backwards)."""
-    elapsed = now_ns - prev_ns
-    if elapsed <= 0 or cpu_ns < prev_cpu_ns:
-        return None
-    return (cpu_ns - prev_cpu_ns) * 1_000_000_000 // elapsed
-
-
-# ---- readers ---------------------------------------------------------------------------------
 
 
 def _join(directory: str | None, name: str) -> str | None:
@@ -332,123 +238,4 @@ def read_v2(directory: str, *, proc: str = "/proc", sysfs: str = "/sys") -> Cgro
     )
 
 
-# ---- where a cgroup lives ----------------------------------------------------------------------
-
-
-def _expand_slice(slice_: str) -> str:
-    """systemd's slice nesting: ``a-b-c.slice`` lives at ``a.slice/a-b.slice/a-b-c.slice``."""
-    if slice_ in ("", "-.slice"):
-        return ""
-    if not slice_.endswith(".slice") or "/" in slice_:
-        raise ValueError(f"invalid slice name {slice_!r}")
-    stem = slice_[: -len(".slice")]
-    parts, prefix = [], ""
-    for word in stem.split("-"):
-        if not word:
-            raise ValueError(f"invalid slice name {slice_!r}")
-        prefix = f"{prefix}-{word}" if prefix else word
-        parts.append(prefix + ".slice")
-    return "/".join(parts)
-
-
-def relative_cgroup(cgroups_path: str) -> str | None:
-    """The cgroup directory (relative to a hierarchy's root) that runc makes for an OCI
-    ``linux.cgroupsPath``: cgroupfs form (``/k8s.io/<id>``) or systemd form
-    (``slice:prefix:name``, which runc turns into ``<slices>/<prefix>-<name>.scope``).
-    None when the path cannot be understood (logged)."""
-    if not cgroups_path:
-        return None
-    if ":" in cgroups_path:
-        parts = cgroups_path.split(":")
-        if len(parts) != 3:
-            log.warning("cgroupsPath %r is neither cgroupfs nor slice:prefix:name; no stats",
-                        cgroups_path)
-            return None
-        slice_, prefix, name = parts
-        try:
-            parent = _expand_slice(slice_ or "system.slice")
-        except ValueError:
-            log.warning("cgroupsPath %r: unsupported systemd slice; no stats", cgroups_path)
-            return None
-        unit = name if name.endswith(".slice") else (
-            f"{prefix}-{name}.scope" if prefix else f"{name}.scope")
-        return posixpath.join(parent, unit) if parent else unit
-    return posixpath.normpath("/" + cgroups_path).lstrip("/")
-
-
-@dataclass(frozen=True)
-class Hierarchy:
-    """Where the host mounts its cgroups: the v1 controllers' mount points, or the
-    unified (v2) mount when no v1 controller we need is mounted."""
-
-    v1: dict[str, str] = field(default_factory=dict)
-    unified: str | None = None
-
-    @property
-    def is_v2(self) -> bool:
-        return not self.v1 and self.unified is not None
-
-    def read(self, cgroups_path: str, proc: str = "/proc") -> CgroupStats | None:
-        rel = relative_cgroup(cgroups_path)
-        if rel is None:
-            return None
-        if self.v1:
-            # On a hybrid host runc also places the container in the cgroup2 mount,
-            # which has no controllers but does have the pressure files.
-            unified = os.path.join(self.unified, rel) if self.unified else None
-            return read_v1({c: os.path.join(m, rel) for c, m in self.v1.items()},
-                           unified=unified, proc=proc)
-        if self.unified is not None:
-            return read_v2(os.path.join(self.unified, rel), proc=proc)
-        return None
-
-
-def oom_kills(hierarchy: Hierarchy, cgroups_path: str) -> int | None:
-    """How many processes the kernel's OOM killer ended in the cgroup (v1
-    ``memory.oom_control``'s ``oom_kill``, v2 ``memory.events``'); None when the cgroup or
-    the counter is not there."""
-    rel = relative_cgroup(cgroups_path)
-    if rel is None:
-        return None
-    if "memory" in hierarchy.v1:
-        path = os.path.join(hierarchy.v1["memory"], rel, "memory.oom_control")
-    elif hierarchy.unified is not None:
-        path = os.path.join(hierarchy.unified, rel, "memory.events")
-    else:
-        return None
-    return read_keyed(path).get("oom_kill")
-
-
-def parse_mountinfo(text: str) -> Hierarchy:
-    """Find the cgroup mounts in ``/proc/self/mountinfo`` text. On a hybrid host the v1
-    controllers win (the unified mount then has no controllers)."""
-    v1: dict[str, str] = {}
-    unified: str | None = None
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 3:
-            continue
-        mountpoint, fstype = fields[4], rfields[0]
-        if fstype == "cgroup2":
-            unified = unified or mountpoint
-        elif fstype == "cgroup":
-            for opt in rfields[2].split(","):
-                if opt in V1_CONTROLLERS and opt not in v1:
-                    v1[opt] = mountpoint
-    return Hierarchy(v1=v1, unified=unified)
-
-
-def host_hierarchy(mountinfo: str = "/proc/self/mountinfo") -> Hierarchy:
-    text = read_text(mountinfo) or ""
-    h = parse_mountinfo(text)
-    if not h.v1 and h.unified is None:
-        log.warning("no cgroup mount found in %s: container stats will be empty", mountinfo)
-    return h
-
-
-__all__ = ["UNLIMITED", "CgroupStats", "Hierarchy", "IoEntry", "Psi", "host_hierarchy",
-           "nano_cores", "oom_kills", "parse_mountinfo", "read_v1", "read_v2",
-           "relative_cgroup", "working_set"]
+__all__ = ["read_v1", "read_v2"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pycrid.stats.cgroup_readers import CgroupStats
+from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stats.netdev import InterfaceCounters
 from pycrid.stats.sampler import LayerUsage, Sample
 

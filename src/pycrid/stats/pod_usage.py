@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pycrid.stats.cgroup_readers import CgroupStats
+from pycrid.stats.cgroup_stats import CgroupStats
 
 
 def _sum(values: Sequence[int | None]) -> int | None:

@@ -11,15 +11,16 @@ started) can be sampled once on demand through ``ensure``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pycrid.stats.cgroup_readers import CgroupStats, Hierarchy, host_hierarchy, nano_cores
+from pycrid.stats.cgroup_hierarchy import Hierarchy, host_hierarchy
+from pycrid.stats.cgroup_stats import CgroupStats, nano_cores
 from pycrid.stats.netdev import InterfaceCounters, read_net_dev
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class Sampler:
     def __init__(self, *, period: float, targets: Callable[[], Sequence[Target]],
                  hierarchy: Hierarchy | None = None,
                  layer_usage: Callable[[str], LayerUsage] | None = None,
-                 proc: str = "/proc") -> None:
+                 proc: str = "/proc", owner: Owner | None = None) -> None:
         self.period = period
         self._targets = targets
         self.hierarchy = hierarchy if hierarchy is not None else host_hierarchy()
@@ -78,6 +79,8 @@ class Sampler:
         self._samples: dict[str, tuple[Sample | None, Sample]] = {}
         #: id -> cgroupsPath read from its spec (written from the worker thread only).
         self._paths: dict[str, str] = {}
+        #: Owns the sampling loop (made here unless the caller gives one).
+        self._owner = owner if owner is not None else Owner("stats sampler")
         self._task: asyncio.Task[None] | None = None
         #: Completed full passes (tests and logs).
         self.passes = 0
@@ -86,14 +89,10 @@ class Sampler:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="stats sampler")
+            self._task = self._owner.spawn(self._run(), "sample")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._owner.aclose()
 
     async def _run(self) -> None:
         while True:

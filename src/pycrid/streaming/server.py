@@ -43,6 +43,7 @@ from pycrid.streaming.tokens import TokenCache, TooManyRequests
 from pycrid.streaming.transport import Transport
 from pycrid.streaming.websocket import GOING_AWAY, WebSocketEnd
 from pycrid.streaming.ws_session import WebSocketChannel, WebSocketSession, WebSocketTunnel
+from pycrid.tasks import Owner, race
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class HTTPError(Exception):
 class StreamServer:
     def __init__(self, *, runtime: StreamRuntime, address: str = "127.0.0.1", port: int = 0,
                  idle_timeout: float = 4 * 3600, tls: ssl.SSLContext | None = None,
-                 tokens: TokenCache[StreamRequest] | None = None) -> None:
+                 tokens: TokenCache[StreamRequest] | None = None,
+                 owner: Owner | None = None) -> None:
         self.runtime = runtime
         self.address = address
         self.port = port
@@ -72,7 +74,8 @@ class StreamServer:
         self.tls = tls
         self.tokens: TokenCache[StreamRequest] = tokens if tokens is not None else TokenCache()
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        #: One task per client connection (made here unless the caller gives one).
+        self._connections = owner if owner is not None else Owner("streaming server")
         self.base_url = ""
 
     async def start(self) -> None:
@@ -98,10 +101,10 @@ class StreamServer:
         """Stop listening and end every session (their processes and connections)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        if self._connections:
-            await asyncio.wait(list(self._connections), timeout=10)
+        # At most 10 s for the sessions to end: one stuck in its cleanup must not hold up
+        # the daemon's stop (it goes on ending in the background).
+        closing = asyncio.ensure_future(self._connections.aclose())
+        await asyncio.wait([closing], timeout=10)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
@@ -112,12 +115,15 @@ class StreamServer:
 
     # ---- one connection ----------------------------------------------------------------
 
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        transport = Transport(reader, writer, self.idle_timeout)
+    def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._connections.closed:  # accepted while the server was closing
+            writer.close()
+            return
+        peer = writer.get_extra_info("peername")
+        self._connections.spawn(self._session(Transport(reader, writer, self.idle_timeout)),
+                                f"connection from {peer}")
+
+    async def _session(self, transport: Transport) -> None:
         try:
             await self._serve(transport)
         except asyncio.CancelledError:
@@ -125,7 +131,6 @@ class StreamServer:
         except Exception:
             log.exception("streaming session failed")
         finally:
-            self._connections.discard(task)
             await transport.aclose()
 
     async def _serve(self, transport: Transport) -> None:
@@ -315,18 +320,24 @@ async def _while_connected(serve: Coroutine[Any, Any, None],
                            read: Coroutine[Any, Any, None], transport: Transport) -> None:
     """Run the session (``serve``) while the connection lives: ``read`` reads it and
     ends when the client goes away or the idle timeout closes it; the session is then
-    cancelled, which kills its exec or closes its forwarded connections."""
-    tasks = [asyncio.create_task(serve), asyncio.create_task(read),
-             asyncio.create_task(transport.watch_idle())]
-    try:
-        await asyncio.wait(tasks[:2], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    for result in results:
-        if isinstance(result, Exception):
-            log.error("streaming session failed: %r", result, exc_info=result)
+    cancelled, which kills its exec or closes its forwarded connections. The idle watch
+    runs alongside and is cancelled with the other two; the failures of all three are
+    logged once they are all done, unless this itself is cancelled."""
+    failures: list[Exception] = []
+
+    async def recorded(coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except Exception as e:
+            failures.append(e)
+
+    async def alongside(coro: Coroutine[Any, Any, None]) -> None:
+        await recorded(coro)
+        await asyncio.Future()  # its end does not end the session: only serve or read do
+
+    await race(recorded(serve), recorded(read), alongside(transport.watch_idle()))
+    for failure in failures:
+        log.error("streaming session failed: %r", failure, exc_info=failure)
 
 
 async def _read_request(conn: h11.Connection, transport: Transport) -> h11.Request | None:

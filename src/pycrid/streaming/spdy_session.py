@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 
-from pycrid.streaming import spdy
+from pycrid.streaming import spdy, spdy_events, spdy_frames
 from pycrid.streaming.transport import Connection, Inbox
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class SpdyStream:
         """FIN: the client reads the end of this stream."""
         if not self._local_closed:
             self._local_closed = True
-            with contextlib.suppress(spdy.ProtocolError):
+            with contextlib.suppress(spdy_frames.ProtocolError):
                 self.session.codec.end_stream(self.id)
             self._forget_if_done()
             await self.session.flush()
@@ -113,10 +113,10 @@ class SpdySession:
                 data = await self.transport.read()
                 if not data:
                     break
-        except spdy.ProtocolError as e:
+        except spdy_frames.ProtocolError as e:
             log.info("SPDY client broke the protocol: %s", e)
             with contextlib.suppress(Exception):
-                self.codec.go_away(spdy.PROTOCOL_ERROR)
+                self.codec.go_away(spdy_frames.PROTOCOL_ERROR)
                 await self.flush()
         except (ConnectionError, OSError):
             pass
@@ -127,24 +127,24 @@ class SpdySession:
             self._opened.put_nowait(None)
             self._window.set()
 
-    def _dispatch(self, event: spdy.Event) -> None:
-        if isinstance(event, spdy.StreamOpened):
+    def _dispatch(self, event: spdy_events.Event) -> None:
+        if isinstance(event, spdy_events.StreamOpened):
             stream = SpdyStream(self, event.stream_id, event.headers, event.fin)
             self.streams[event.stream_id] = stream
             self.codec.reply(event.stream_id)
             self._opened.put_nowait(stream)
-        elif isinstance(event, spdy.DataReceived):
+        elif isinstance(event, spdy_events.DataReceived):
             if (s := self.streams.get(event.stream_id)) is not None:
                 s._receive(event.data, event.fin)
-        elif isinstance(event, spdy.HeadersReceived):
+        elif isinstance(event, spdy_events.HeadersReceived):
             if event.fin and (s := self.streams.get(event.stream_id)) is not None:
                 s._receive(b"", True)
-        elif isinstance(event, spdy.StreamReset):
+        elif isinstance(event, spdy_events.StreamReset):
             if (s := self.streams.pop(event.stream_id, None)) is not None:
                 s._end(reset=True)
-        elif isinstance(event, spdy.WindowUpdated):
+        elif isinstance(event, spdy_events.WindowUpdated):
             self._window.set()
-        elif isinstance(event, spdy.GoAwayReceived):
+        elif isinstance(event, spdy_events.GoAwayReceived):
             self._opened.put_nowait(None)
 
     async def accept(self) -> SpdyStream | None:
@@ -156,7 +156,7 @@ class SpdySession:
 
     def consumed(self, stream_id: int, n: int) -> None:
         """The reader took ``n`` bytes: open the client's window, let the reader go on."""
-        with contextlib.suppress(spdy.ProtocolError, ValueError):
+        with contextlib.suppress(spdy_frames.ProtocolError, ValueError):
             self.codec.acknowledge(stream_id, n)
         self.transport.write(self.codec.data_to_send())
         self._room.set()
