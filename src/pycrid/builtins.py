@@ -19,7 +19,8 @@ from pycrid.config.schema import (
     NRIConfig,
     RuntimeConfig,
 )
-from pycrid.plugin.registry import InitContext, Registration, Registry, SkipPlugin
+from pycrid.plugin.registry import Registration, Registry, SkipPlugin
+from pycrid.plugin.startup import InitContext
 
 log = logging.getLogger(__name__)
 

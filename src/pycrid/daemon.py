@@ -20,7 +20,7 @@ from pycrid.config.schema import GrpcConfig
 from pycrid.errors import FailedPrecondition
 from pycrid.metrics import Metrics
 from pycrid.pathlock import PathLock
-from pycrid.plugin.registry import init_all
+from pycrid.plugin.startup import init_all
 from pycrid.sdnotify import Notifier
 from pycrid.unixsock import SocketFile, check_free, publish
 

@@ -50,13 +50,13 @@ class Spy:
 
     def __init__(self, client: RegistryClient, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[tuple[str, str]] = []
-        orig = client._send
+        orig = client._http._send
 
         async def send(h: Any, ref: Any, method: str, url: str, *a: Any, **kw: Any) -> Any:
             self.calls.append((method, url.split("://", 1)[1].split("/", 1)[1]))
             return await orig(h, ref, method, url, *a, **kw)
 
-        monkeypatch.setattr(client, "_send", send)
+        monkeypatch.setattr(client._http, "_send", send)
 
 
 async def _read(client: RegistryClient, ref: Reference, desc: Descriptor,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pycrid.images.image_service import chain_ids, user_of
+from pycrid.images.fetch import chain_ids
+from pycrid.images.image_service import user_of
 from pycrid.store.db import Database
 from pycrid.store.image_records import ImageRecord, ImageStore
 

@@ -11,16 +11,8 @@ from typing import Any
 import pytest
 
 from pycrid.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from pycrid.plugin.registry import (
-    InitContext,
-    PluginInitError,
-    Plugins,
-    Registration,
-    Registry,
-    SkipPlugin,
-    Status,
-    init_all,
-)
+from pycrid.plugin.registry import Registration, Registry, SkipPlugin
+from pycrid.plugin.startup import InitContext, PluginInitError, Plugins, Status, init_all
 
 Init = Callable[[InitContext], Awaitable[Any]]
 
@@ -312,7 +304,7 @@ async def test_skip_plugin_is_recorded_and_logged_and_others_continue(
     reg.register(Registration("snap", "btrfs", init=skip))
     reg.register(Registration("snap", "overlay", init=make_init(journal)))
     reg.register(Registration("svc", "x", init=make_init(journal), requires=("snap",)))
-    with caplog.at_level(logging.INFO, logger="pycrid.plugin.registry"):
+    with caplog.at_level(logging.INFO, logger="pycrid.plugin.startup"):
         plugins = await run(reg)
 
     assert journal == ["init snap.overlay", "init svc.x"]
@@ -537,7 +529,7 @@ async def test_close_in_reverse_init_order_past_errors(
     plugins = await run(reg)
     journal.clear()
 
-    with caplog.at_level(logging.ERROR, logger="pycrid.plugin.registry"):
+    with caplog.at_level(logging.ERROR, logger="pycrid.plugin.startup"):
         await plugins.close()
     assert journal == ["close boom.x", "close top.x", "sync-close mid.x", "close base.x"]
     assert any("boom.x" in r.getMessage() for r in caplog.records)

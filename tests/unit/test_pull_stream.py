@@ -26,11 +26,12 @@ from pycrid.errors import DataLoss, InvalidArgument, PermissionDenied
 from pycrid.host import mounts as mnt
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
-from pycrid.images.image_service import ImageService, chain_ids
+from pycrid.images.fetch import chain_ids
+from pycrid.images.image_service import ImageService
+from pycrid.images.layer_paths import OPAQUE_XATTR, is_whiteout
 from pycrid.images.mediatypes import Descriptor
 from pycrid.images.overlay import OverlaySnapshotter
 from pycrid.images.snapshots import Kind
-from pycrid.images.unpack import OPAQUE_XATTR, is_whiteout
 from pycrid.store.db import Database
 from pycrid.store.image_records import ImageStore
 from tests.support.images import (

@@ -20,14 +20,9 @@ from pathlib import Path
 import pytest
 
 from pycrid.errors import DataLoss, PermissionDenied
-from pycrid.images.unpack import (
-    OPAQUE_XATTR,
-    Applied,
-    apply_tar,
-    inherit_dirs,
-    is_whiteout,
-    needs_lowers,
-)
+from pycrid.images.layer_paths import OPAQUE_XATTR, is_whiteout
+from pycrid.images.layer_tar import Applied, apply_tar
+from pycrid.images.unpack import inherit_dirs, needs_lowers
 from tests.support.layers import Entry, tar_bytes
 
 

@@ -31,6 +31,7 @@ from typing import IO, Any, Generic, Protocol, TypeVar, overload
 from pycrid.errors import DataLoss, DeadlineExceeded, NotFound
 from pycrid.images.mediatypes import validate_digest
 from pycrid.images.threads import ChunkPipe, run_settled, settle
+from pycrid.tasks import race
 
 log = logging.getLogger(__name__)
 
@@ -210,15 +211,11 @@ class ContentStore:
         pipe = ChunkPipe(loop)
         worker = loop.run_in_executor(executor, self._receive, pipe, digest, size, consume)
         feed = asyncio.ensure_future(self._feed(pipe, digest, open_blob, progress_timeout))
-        both: set[asyncio.Future[Any]] = {feed, worker}
         try:
-            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-            if not feed.done():
-                # The worker ended before the stream did: the consumer refused the blob.
-                feed.cancel()
-                await settle(feed)
-            elif (err := feed.exception()) is not None:
-                raise err  # the download failed; the worker stops at its next read
+            # The first to end: the feed (the whole stream is in, or the download failed,
+            # which is raised here; the worker stops at its next read), or the worker (the
+            # consumer refused the blob: the feed is cancelled and waited for).
+            await race(feed, asyncio.shield(worker))
             return await asyncio.shield(worker)
         except BaseException as e:
             # Cancelled, or failed: the worker must stop touching files before this
