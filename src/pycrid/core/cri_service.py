@@ -34,7 +34,7 @@ from pycrid.events.monitor import ExitMonitor
 from pycrid.host.cgroups import probe as probe_cgroups
 from pycrid.images.image_service import ImageService
 from pycrid.network.pod_networks import PodNetworks
-from pycrid.oci.nri_apply import HostSupport
+from pycrid.oci.nri_host_probe import probe_host_support
 from pycrid.oci.resources import ResourcePolicy
 from pycrid.oci.spec import CgroupDriver
 from pycrid.runtime.exits import Exit, ExitWatcher
@@ -331,7 +331,7 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
               pod_namespaces=lambda rec: (controller.namespaces(rec)
                                           if rec.controller == "pinned" else None),
               bundle_of=paths.bundle,
-              host=lambda: HostSupport.probe(runc_version(runc), own_oom_score_adj()))
+              host=lambda: probe_host_support(runc_version(runc), own_oom_score_adj()))
     containers = ContainerManager(
         store=ctr_store, sandboxes=sandboxes, controller=controller,
         runtime=runtime, images=images, paths=paths, locks=locks, nri=nri, events=events,

@@ -34,7 +34,8 @@ from pycrid.errors import NotFound
 from pycrid.nri import api
 from pycrid.nri.adaptation.adaptation import Adaptation, SyncFn
 from pycrid.oci.cdi import CdiRegistry
-from pycrid.oci.nri_apply import HostSupport, apply_adjustment
+from pycrid.oci.nri_apply import apply_adjustment
+from pycrid.oci.nri_host_support import HostSupport
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.bundle import read_spec
 from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
