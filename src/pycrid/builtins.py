@@ -135,7 +135,7 @@ async def _init_runtime_config(ctx: InitContext) -> Any:
 
 async def _init_nri_config(ctx: InitContext) -> Any:
     # containerd's io.containerd.nri.v1.nri section; the CRI plugin builds NRI from it.
-    from pycrid.nri.adaptation.adaptation import check_socket_free
+    from pycrid.nri.adaptation.plugin_socket import check_socket_free
 
     check_socket_free(ctx.config)
     return ctx.config
@@ -192,9 +192,13 @@ async def _init_pinned(ctx: InitContext) -> Any:
 async def _init_cri(ctx: InitContext) -> Any:
     from pycrid.core.cri_service import build_core
     from pycrid.cri.grpc_plugin import CRIPlugin
+    from pycrid.nri.adaptation.call_accounting import PluginInstruments
 
     loaded: LoadedConfig = ctx.properties["loaded_config"]
     runtime = ctx.get_by_id(RUNTIME, "runc")
+    # Metrics and tracing are the daemon's (absent when tests build a core by hand).
+    metrics = ctx.properties.get("metrics")
+    tracer = ctx.properties.get("tracer")
     core = build_core(
         db=ctx.get_by_id(METADATA, "sqlite"),
         images=ctx.get_by_id(CRI, "images"),
@@ -208,17 +212,12 @@ async def _init_cri(ctx: InitContext) -> Any:
         config=loaded.config,
         warnings=loaded.warnings,
         nri_config=ctx.get_by_id(NRI, "nri"),
+        nri_instruments=PluginInstruments(observer=metrics, tracer=tracer),
     )
     core.config_source = loaded.source
-    # Metrics and tracing are the daemon's (absent when tests build a core by hand).
-    metrics = ctx.properties.get("metrics")
-    tracer = ctx.properties.get("tracer")
     if metrics is not None:
         metrics.bind(core)
         core.images.metrics = metrics
-    if core.nri.adaptation is not None:
-        core.nri.adaptation.observer = metrics
-        core.nri.adaptation.tracer = tracer
     return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness(),
                      state_dir=ctx.properties["state"],
                      record=None if metrics is None else metrics.cri_call, tracer=tracer)

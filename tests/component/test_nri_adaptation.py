@@ -26,7 +26,7 @@ from pycrid.errors import FailedPrecondition
 from pycrid.nri import Plugin, Stub, api
 from pycrid.nri.adaptation.adaptation import Adaptation, PluginError, SyncFn
 from pycrid.nri.adaptation.merge import AdjustmentConflict
-from pycrid.nri.adaptation.remote_plugin import sync_chunks
+from pycrid.nri.adaptation.sync_chunks import sync_chunks
 from pycrid.nri.replies import Adjustment
 from pycrid.nri.wire.connection import PLUGIN_SIDE, Services, connect
 from pycrid.nri.wire.ttrpc import RequestReceived, TtrpcError

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf.message import Message
 
 from pycrid.nri import Adjustment, Plugin, Stub, Update, api
-from pycrid.nri.stub import EVENT_HANDLERS, handled_events
+from pycrid.nri.sdk_plugin import EVENT_HANDLERS, handled_events
 from pycrid.nri.wire.ttrpc import Code, TtrpcError
 from tests.support.nri_runtime import (
     CTR,

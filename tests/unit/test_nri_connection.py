@@ -404,7 +404,7 @@ async def test_aclose_leaves_no_tasks(pair: Pair) -> None:
         await asyncio.gather(*calls, return_exceptions=True)
         assert own_tasks("plug-side") == []
         assert own_tasks("rt-side") == []
-        assert pair.plugin._tasks == set() and pair.runtime._tasks == set()
+        assert pair.plugin._owner.tree() == [] and pair.runtime._owner.tree() == []
         # Closing twice is harmless and keeps the first reason.
         await pair.plugin.aclose("again")
         assert pair.plugin.close_reason == "closed locally"

@@ -26,7 +26,7 @@ from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
 from pycrid.core.containers import ContainerManager, ContainerPaths
 from pycrid.core.events import ContainerEvents
-from pycrid.core.nri_relay import NRI, runc_version
+from pycrid.core.nri_relay import NRI, ContainerActions, RelaySources
 from pycrid.core.pods import PodManager
 from pycrid.core.registrar import KeyedLocks
 from pycrid.core.stats_queries import StatsService
@@ -34,7 +34,8 @@ from pycrid.events.monitor import ExitMonitor
 from pycrid.host.cgroups import probe as probe_cgroups
 from pycrid.images.image_service import ImageService
 from pycrid.network.pod_networks import PodNetworks
-from pycrid.oci.nri_apply import HostSupport
+from pycrid.nri.adaptation.call_accounting import PluginInstruments
+from pycrid.oci.nri_host_probe import probe_host_support, runc_version
 from pycrid.oci.resources import ResourcePolicy
 from pycrid.oci.spec import CgroupDriver
 from pycrid.runtime.exits import Exit, ExitWatcher
@@ -307,7 +308,8 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
                runtime: ContainerRuntime, controller: SandboxController, root: str, state: str,
                config: Config, warnings: list[str], nri_config: NRIConfig,
                handlers: Mapping[str, HandlerSpec] | None = None,
-               pinned: SandboxController | None = None) -> CRIService:
+               pinned: SandboxController | None = None,
+               nri_instruments: PluginInstruments | None = None) -> CRIService:
     """Wire the core from its parts (used by the CRI plugin and by tests).
 
     ``controller`` holds pods with a pause container, ``pinned`` (when given) pods
@@ -326,12 +328,22 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
                             else "cgroupfs")
     paths = ContainerPaths(state_dir=state, root_dir=root)
     runc = getattr(runtime, "runc", "runc")
-    nri = NRI(nri_config, sandboxes=sandboxes, containers=ctr_store,
-              pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
-              pod_namespaces=lambda rec: (controller.namespaces(rec)
-                                          if rec.controller == "pinned" else None),
-              bundle_of=paths.bundle,
-              host=lambda: HostSupport.probe(runc_version(runc), own_oom_score_adj()))
+    # NRI and the container manager need each other: the relay's actions call the manager
+    # built just below.
+    containers: ContainerManager
+    nri = NRI(nri_config,
+              sources=RelaySources(
+                  sandboxes=sandboxes, containers=ctr_store,
+                  pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
+                  pod_namespaces=lambda rec: (controller.namespaces(rec)
+                                              if rec.controller == "pinned" else None),
+                  bundle_of=paths.bundle),
+              actions=ContainerActions(
+                  apply_resources=lambda cid, res: containers.apply_resources(cid, res),
+                  evict=lambda cid, why: containers.evict(cid, why)),
+              # Probed once, at start (runc --version blocks briefly).
+              host=probe_host_support(runc_version(runc), own_oom_score_adj()),
+              instruments=nri_instruments)
     containers = ContainerManager(
         store=ctr_store, sandboxes=sandboxes, controller=controller,
         runtime=runtime, images=images, paths=paths, locks=locks, nri=nri, events=events,
@@ -341,7 +353,6 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
             runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit),
         default_handler=runtime_config.default_runtime_name,
         unset_seccomp_profile=runtime_config.unset_seccomp_profile, anchors=anchors)
-    nri.bind(apply_resources=containers.apply_resources, evict=containers.evict)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"))
     pods = PodManager(store=sandboxes, controller=controller, containers=containers,

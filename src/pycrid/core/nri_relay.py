@@ -9,6 +9,11 @@ plugin-sync lock whose read side every CRI operation holds: an object is seen
 by a new plugin either in its sync or as a later event, never both, never neither.
 
 With NRI disabled every hook returns at once and no lock is taken.
+
+Everything the relay needs comes at construction: what it reads about pods and
+containers (``RelaySources``), what it asks of the container manager
+(``ContainerActions``), what the host can honour (``HostSupport``, probed by the
+caller) and the plugins' metrics and tracing (``PluginInstruments``).
 """
 
 from __future__ import annotations
@@ -16,9 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pycrid import __version__
@@ -33,73 +37,77 @@ from pycrid.core.registrar import RWLock
 from pycrid.errors import NotFound
 from pycrid.nri import api
 from pycrid.nri.adaptation.adaptation import Adaptation, SyncFn
+from pycrid.nri.adaptation.call_accounting import PluginInstruments
 from pycrid.oci.cdi import CdiRegistry
-from pycrid.oci.nri_apply import HostSupport, apply_adjustment
+from pycrid.oci.nri_apply import apply_adjustment
+from pycrid.oci.nri_host_support import HostSupport
 from pycrid.oci.spec import Namespaces
 from pycrid.runtime.bundle import read_spec
 from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
 RUNTIME_NAME = "pycrid"
 
-#: How the core applies resources to one container and stops one (bound after construction).
+#: How the core applies resources to one container and stops one.
 ApplyResources = Callable[[str, dict[str, Any]], Awaitable[None]]
 Evict = Callable[[str, str], Coroutine[Any, Any, None]]
 
 
-def runc_version(runc: str) -> tuple[int, int, int]:
-    try:
-        out = subprocess.run([runc, "--version"], capture_output=True, text=True,
-                             timeout=10, check=False).stdout
-    except OSError:
-        return (0, 0, 0)
-    m = re.search(r"runc version (\d+)\.(\d+)\.(\d+)", out)
-    return (int(m[1]), int(m[2]), int(m[3])) if m else (0, 0, 0)
+def _no_namespaces(rec: SandboxRecord) -> Namespaces | None:
+    return None
+
+
+@dataclass(frozen=True)
+class RelaySources:
+    """What the relay reads to describe pods and containers to plugins."""
+
+    sandboxes: RecordStore[SandboxRecord]
+    containers: RecordStore[ContainerRecord]
+    pod_cgroups_path: Callable[[SandboxRecord], str]
+    bundle_of: Callable[[str], str]
+    pod_namespaces: Callable[[SandboxRecord], Namespaces | None] = _no_namespaces
+
+
+@dataclass(frozen=True)
+class ContainerActions:
+    """What plugins may ask of containers through the relay: new resources, eviction."""
+
+    apply_resources: ApplyResources
+    evict: Evict
 
 
 class NRI:
-    def __init__(self, config: NRIConfig, *, sandboxes: RecordStore[SandboxRecord],
-                 containers: RecordStore[ContainerRecord],
-                 pod_cgroups_path: Callable[[SandboxRecord], str],
-                 bundle_of: Callable[[str], str],
-                 pod_namespaces: Callable[[SandboxRecord], Namespaces | None] = lambda r: None,
-                 host: Callable[[], HostSupport], cdi: CdiRegistry | None = None) -> None:
+    def __init__(self, config: NRIConfig, *, sources: RelaySources, actions: ContainerActions,
+                 host: HostSupport, instruments: PluginInstruments | None = None,
+                 cdi: CdiRegistry | None = None, owner: Owner | None = None) -> None:
         self.config = config
-        self.sandboxes = sandboxes
-        self.containers = containers
-        self._pod_cgroups_path = pod_cgroups_path
-        self._pod_namespaces = pod_namespaces
-        self.bundle_of = bundle_of
-        self._host_probe = host
-        self._host: HostSupport | None = None
+        self.sandboxes = sources.sandboxes
+        self.containers = sources.containers
+        self._pod_cgroups_path = sources.pod_cgroups_path
+        self._pod_namespaces = sources.pod_namespaces
+        self.bundle_of = sources.bundle_of
+        self.actions = actions
+        self.host = host
         self.cdi = cdi or CdiRegistry()
+        self._owner = owner or Owner("nri")
+        self._evictions = self._owner.child("evictions")
         self.adaptation = (None if config.disable else
                            Adaptation(config, runtime_name=RUNTIME_NAME,
-                                      runtime_version=__version__, domain=self))
+                                      runtime_version=__version__, domain=self,
+                                      owner=self._owner.child("plugins"),
+                                      instruments=instruments))
         self.sync_lock = RWLock()
-        self.apply_resources: ApplyResources | None = None
-        self.evictor: Evict | None = None
         #: What plugins have been told, by object id.
         self._pods: dict[str, api.PodSandbox] = {}
         self._pods_stopped: set[str] = set()
         self._ctrs: dict[str, api.Container] = {}
         self._stops: dict[str, asyncio.Future[None]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def enabled(self) -> bool:
         return self.adaptation is not None
-
-    @property
-    def host(self) -> HostSupport:
-        if self._host is None:
-            self._host = self._host_probe()
-        return self._host
-
-    def bind(self, *, apply_resources: ApplyResources, evict: Evict) -> None:
-        self.apply_resources = apply_resources
-        self.evictor = evict
 
     # ---- lifetime -----------------------------------------------------------------------
 
@@ -124,18 +132,11 @@ class NRI:
             await self.adaptation.start()
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        """Evictions in flight first, then the plugins (Shutdown, close)."""
+        await self._evictions.aclose()
         if self.adaptation is not None:
             await self.adaptation.stop()
-
-    def _own(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        task = asyncio.create_task(coro, name=what)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        await self._owner.aclose()
 
     @contextlib.asynccontextmanager
     async def blocking_sync(self) -> AsyncIterator[None]:
@@ -169,8 +170,7 @@ class NRI:
             if not resources:
                 continue
             try:
-                assert self.apply_resources is not None
-                await self.apply_resources(rec.id, resources)
+                await self.actions.apply_resources(rec.id, resources)
             except Exception as e:
                 log.warning("NRI: updating container %s failed: %s", rec.id, e)
                 if not u.ignore_failure:
@@ -179,11 +179,16 @@ class NRI:
 
     def evict(self, evictions: Sequence[api.ContainerEviction]) -> None:
         for ev in evictions:
-            if self.containers.get(ev.container_id) is None or self.evictor is None:
+            if self.containers.get(ev.container_id) is None:
+                continue
+            if self._evictions.closed:
+                log.warning("NRI: eviction of container %s ignored: NRI is stopping",
+                            ev.container_id)
                 continue
             log.warning("NRI: evicting container %s: %s", ev.container_id, ev.reason)
-            self._own(self.evictor(ev.container_id, ev.reason or "evicted by an NRI plugin"),
-                      f"evict {ev.container_id[:12]}")
+            self._evictions.spawn(
+                self.actions.evict(ev.container_id, ev.reason or "evicted by an NRI plugin"),
+                f"evict {ev.container_id[:12]}")
 
     # ---- pods ---------------------------------------------------------------------------
 

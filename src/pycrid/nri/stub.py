@@ -1,11 +1,9 @@
 """The plugin SDK: write an NRI plugin as a Python object.
 
-A plugin subclasses ``Plugin`` and overrides the handlers it cares about; the
-overridden event handlers are its subscription (as with the Go stub, where the
-interfaces a plugin implements decide it). ``Stub`` connects the plugin to a
-runtime -- the NRI socket for an external plugin, fd ``NRI_PLUGIN_SOCKET`` for a
-plugin the runtime launched -- registers it, answers Configure and Synchronize
-and delivers every event. Handlers may be coroutines or plain functions. An
+A plugin subclasses ``Plugin`` (nri/sdk_plugin.py) and overrides the handlers it
+cares about. ``Stub`` connects the plugin to a runtime -- the NRI socket for an
+external plugin, fd ``NRI_PLUGIN_SOCKET`` for a plugin the runtime launched --
+registers it and serves it (nri/stub_answers.py) until the connection ends. An
 exception in a handler answers that call with an error and the plugin carries
 on; only the connection ending stops it.
 
@@ -20,166 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
-
-from google.protobuf.message import Message
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 from pycrid.nri import api
-from pycrid.nri.replies import Adjustment, Update
-from pycrid.nri.wire.connection import PLUGIN_SIDE, Connection, Services, connect
-from pycrid.nri.wire.ttrpc import Code, RequestReceived, TtrpcError
+from pycrid.nri.replies import Update
+from pycrid.nri.sdk_plugin import Plugin, implemented, update_messages
+from pycrid.nri.stub_answers import StubAnswers
+from pycrid.nri.wire.connection import PLUGIN_SIDE, Connection, connect
+from pycrid.nri.wire.ttrpc import TtrpcError
+from pycrid.tasks import race
 
 log = logging.getLogger("pycrid.nri.stub")
 
-M = TypeVar("M", bound=Message)
-
-UpdatesResult = Iterable[api.ContainerUpdate | Update] | None
-CreateResult = (
-    Adjustment
-    | api.ContainerAdjustment
-    | tuple[Adjustment | api.ContainerAdjustment | None, UpdatesResult]
-    | None
-)
-
-
-class Plugin:
-    """Base class for plugins. Every handler here is a no-op; override the
-    ones you need. Event handlers you override are the events you get."""
-
-    def configure(self, config: str, runtime_name: str, runtime_version: str) -> int | None:
-        """Called once; may return an event mask narrower than the handlers
-        overridden (0 or None means all of them)."""
-        return 0
-
-    def synchronize(
-        self, pods: list[api.PodSandbox], containers: list[api.Container]
-    ) -> UpdatesResult:
-        """Every pod and container that exists when the plugin joins."""
-        return None
-
-    def shutdown(self) -> None:
-        """The runtime is shutting down."""
-
-    def run_pod_sandbox(self, pod: api.PodSandbox) -> None: ...
-    def update_pod_sandbox(
-        self,
-        pod: api.PodSandbox,
-        overhead: api.LinuxResources,
-        resources: api.LinuxResources,
-    ) -> None: ...
-    def post_update_pod_sandbox(self, pod: api.PodSandbox) -> None: ...
-    def stop_pod_sandbox(self, pod: api.PodSandbox) -> None: ...
-    def remove_pod_sandbox(self, pod: api.PodSandbox) -> None: ...
-
-    def create_container(self, pod: api.PodSandbox, container: api.Container) -> CreateResult:
-        """Return an adjustment, or ``(adjustment, updates)``, or None."""
-        return None
-
-    def post_create_container(self, pod: api.PodSandbox, container: api.Container) -> None: ...
-    def start_container(self, pod: api.PodSandbox, container: api.Container) -> None: ...
-    def post_start_container(self, pod: api.PodSandbox, container: api.Container) -> None: ...
-
-    def update_container(
-        self, pod: api.PodSandbox, container: api.Container, resources: api.LinuxResources
-    ) -> UpdatesResult:
-        return None
-
-    def post_update_container(self, pod: api.PodSandbox, container: api.Container) -> None: ...
-
-    def stop_container(self, pod: api.PodSandbox, container: api.Container) -> UpdatesResult:
-        return None
-
-    def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None: ...
-
-    def validate_container_adjustment(
-        self, request: api.ValidateContainerAdjustmentRequest
-    ) -> None:
-        """Raise to reject the merged adjustment; the exception text is the reason."""
-
-
-EVENT_HANDLERS: dict[int, str] = {
-    api.Event.RUN_POD_SANDBOX: "run_pod_sandbox",
-    api.Event.STOP_POD_SANDBOX: "stop_pod_sandbox",
-    api.Event.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
-    api.Event.CREATE_CONTAINER: "create_container",
-    api.Event.POST_CREATE_CONTAINER: "post_create_container",
-    api.Event.START_CONTAINER: "start_container",
-    api.Event.POST_START_CONTAINER: "post_start_container",
-    api.Event.UPDATE_CONTAINER: "update_container",
-    api.Event.POST_UPDATE_CONTAINER: "post_update_container",
-    api.Event.STOP_CONTAINER: "stop_container",
-    api.Event.REMOVE_CONTAINER: "remove_container",
-    api.Event.UPDATE_POD_SANDBOX: "update_pod_sandbox",
-    api.Event.POST_UPDATE_POD_SANDBOX: "post_update_pod_sandbox",
-    api.Event.VALIDATE_CONTAINER_ADJUSTMENT: "validate_container_adjustment",
-}
-"""Each event and the Plugin method that handles it."""
-
-SIMPLE_EVENTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
-    "RunPodSandbox": ("run_pod_sandbox", ("pod",), False),
-    "StopPodSandbox": ("stop_pod_sandbox", ("pod",), False),
-    "RemovePodSandbox": ("remove_pod_sandbox", ("pod",), False),
-    "PostUpdatePodSandbox": ("post_update_pod_sandbox", ("pod",), False),
-    "UpdatePodSandbox": (
-        "update_pod_sandbox", ("pod", "overhead_linux_resources", "linux_resources"), False
-    ),
-    "PostCreateContainer": ("post_create_container", ("pod", "container"), False),
-    "StartContainer": ("start_container", ("pod", "container"), False),
-    "PostStartContainer": ("post_start_container", ("pod", "container"), False),
-    "PostUpdateContainer": ("post_update_container", ("pod", "container"), False),
-    "RemoveContainer": ("remove_container", ("pod", "container"), False),
-    "UpdateContainer": ("update_container", ("pod", "container", "linux_resources"), True),
-    "StopContainer": ("stop_container", ("pod", "container"), True),
-}
-"""Plugin methods whose events only pass request fields to a handler:
-(handler, request fields in argument order, whether the answer carries updates)."""
-
-STATE_CHANGE_ROUTES = {
-    api.Event.RUN_POD_SANDBOX: "RunPodSandbox",
-    api.Event.STOP_POD_SANDBOX: "StopPodSandbox",
-    api.Event.REMOVE_POD_SANDBOX: "RemovePodSandbox",
-    api.Event.POST_UPDATE_POD_SANDBOX: "PostUpdatePodSandbox",
-    api.Event.POST_CREATE_CONTAINER: "PostCreateContainer",
-    api.Event.START_CONTAINER: "StartContainer",
-    api.Event.POST_START_CONTAINER: "PostStartContainer",
-    api.Event.POST_UPDATE_CONTAINER: "PostUpdateContainer",
-    api.Event.REMOVE_CONTAINER: "RemoveContainer",
-}
-"""The events a runtime may resend as the deprecated StateChange (those whose
-answer carries nothing), and the method each stands for."""
-
-
-def implemented(plugin: object, method: str) -> bool:
-    """Whether ``plugin`` provides ``method`` itself (not Plugin's no-op)."""
-    own = getattr(type(plugin), method, None)
-    if own is None:
-        return callable(getattr(plugin, method, None))
-    return own is not getattr(Plugin, method, None)
-
-
-def handled_events(plugin: object) -> int:
-    """The event mask the plugin's overridden handlers cover."""
-    return api.event_mask(ev for ev, name in EVENT_HANDLERS.items() if implemented(plugin, name))
-
-
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-def _updates(result: UpdatesResult) -> list[api.ContainerUpdate]:
-    if not result:
-        return []
-    return [u.message if isinstance(u, Update) else u for u in result]
+__all__ = ["Plugin", "PluginIdentityError", "Stub", "resolve_identity", "run"]
 
 
 class PluginIdentityError(ValueError):
@@ -211,7 +68,7 @@ def resolve_identity(name: str | None, idx: str | None) -> tuple[str, str]:
     return name, idx
 
 
-class Stub:
+class Stub(StubAnswers):
     """Runs one plugin against one runtime connection; a Stub starts once."""
 
     def __init__(
@@ -224,29 +81,14 @@ class Stub:
         sock: socket.socket | None = None,
         registration_timeout: float = 5.0,
     ) -> None:
-        self.plugin = plugin
-        self.name, self.idx = resolve_identity(name, idx)
+        super().__init__(plugin, *resolve_identity(name, idx), registration_timeout)
         self._socket_path = socket_path or api.DEFAULT_SOCKET_PATH
         self._sock = sock
-        self.handled = handled_events(plugin)
         if not self.handled and not any(
             implemented(plugin, m) for m in ("configure", "synchronize", "shutdown")
         ):
             raise ValueError(f"plugin {type(plugin).__name__} implements no NRI handler")
-        self.events = 0
-        self.registration_timeout = registration_timeout
-        self.request_timeout = 2.0
-        self.runtime_name = ""
-        self.runtime_version = ""
-        self.runtime_nri_version = ""
         self._conn: Connection | None = None
-        self._configured: asyncio.Future[None] | None = None
-        self._sync_pods: list[api.PodSandbox] = []
-        self._sync_containers: list[api.Container] = []
-
-    @property
-    def full_name(self) -> str:
-        return f"{self.idx}-{self.name}"
 
     # ------------------------------------------------------------ lifetime
 
@@ -278,29 +120,31 @@ class Stub:
                 req.SerializeToString(),
                 timeout=self.registration_timeout,
             )
-            closed: asyncio.Future[Any] = asyncio.ensure_future(self._conn.wait_closed())
-            configured: asyncio.Future[Any] = self._configured
-            try:
-                done, _ = await asyncio.wait(
-                    {configured, closed},
-                    timeout=self.registration_timeout,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                closed.cancel()
-            if self._configured in done:
-                self._configured.result()
-            elif closed in done:
-                raise ConnectionError(f"runtime closed the connection: {self._conn.close_reason}")
-            else:
-                raise TimeoutError(
-                    f"runtime did not configure the plugin within {self.registration_timeout:g}s"
-                )
+            await self._configuration()
         except BaseException:
             await self.stop()
             raise
         log.info("plugin %s started, subscribed to %s", self.full_name,
                  api.event_names(self.events) or "nothing")
+
+    async def _configuration(self) -> None:
+        """Until the runtime has configured us; raises if it closes first, if configuring
+        failed, or after the registration timeout."""
+        assert self._conn is not None and self._configured is not None
+        conn, configured = self._conn, self._configured
+
+        async def closed() -> NoReturn:
+            await conn.wait_closed()
+            raise ConnectionError(f"runtime closed the connection: {conn.close_reason}")
+
+        try:
+            async with asyncio.timeout(self.registration_timeout):
+                # Configured first: when both are done, configuration wins.
+                await race(asyncio.shield(configured), closed())
+        except TimeoutError:
+            raise TimeoutError(
+                f"runtime did not configure the plugin within {self.registration_timeout:g}s"
+            ) from None
 
     async def wait(self) -> str:
         """Until the connection ends; returns why."""
@@ -349,146 +193,13 @@ class Stub:
         """Ask the runtime for unsolicited changes; returns the ones that failed."""
         if self._conn is None:
             raise RuntimeError("stub not started")
-        req = api.UpdateContainersRequest(update=_updates(list(updates)), evict=list(evictions))
+        req = api.UpdateContainersRequest(update=update_messages(list(updates)),
+                                          evict=list(evictions))
         payload = await self._conn.call(
             api.RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), timeout=timeout
         )
         return list(api.UpdateContainersResponse.FromString(payload).failed)
 
-    # ------------------------------------------------------------ runtime -> plugin
-
-    def _services(self) -> Services:
-        services = Services()
-
-        def add(method: str, request_type: type[M], fn: Callable[[M], Awaitable[Message]]) -> None:
-            async def handler(ev: RequestReceived) -> bytes:
-                req = request_type.FromString(ev.payload)
-                return (await fn(req)).SerializeToString()
-
-            services.add(api.PLUGIN_SERVICE, method, handler)
-
-        add("Configure", api.ConfigureRequest, self._configure)
-        add("Synchronize", api.SynchronizeRequest, self._synchronize)
-        add("Shutdown", api.Empty, self._shutdown)
-        add("StateChange", api.StateChangeEvent, self._state_change)
-        add("CreateContainer", api.CreateContainerRequest, self._create_container)
-        add("ValidateContainerAdjustment", api.ValidateContainerAdjustmentRequest, self._validate)
-        for method in SIMPLE_EVENTS:
-            add(method, getattr(api, f"{method}Request"), self._event(method))
-        return services
-
-    async def _configure(self, req: api.ConfigureRequest) -> api.ConfigureResponse:
-        assert self._configured is not None
-        self.runtime_name = req.runtime_name
-        self.runtime_version = req.runtime_version
-        self.runtime_nri_version = req.NRI_version
-        if req.registration_timeout > 0:
-            self.registration_timeout = req.registration_timeout / 1000
-        if req.request_timeout > 0:
-            self.request_timeout = req.request_timeout / 1000
-        try:
-            events = self.handled
-            if implemented(self.plugin, "configure"):
-                asked = await _call(
-                    self.plugin.configure,  # type: ignore[attr-defined]
-                    req.config,
-                    req.runtime_name,
-                    req.runtime_version,
-                )
-                events = int(asked or 0) or self.handled
-                extra = events & ~self.handled
-                if extra:
-                    raise TtrpcError(
-                        Code.INVALID_ARGUMENT,
-                        f"internal error: unhandled events {api.event_names(extra)} (0x{extra:x})",
-                    )
-        except BaseException as exc:
-            log.error("plugin %s: configuration failed: %s", self.full_name, exc)
-            if not self._configured.done():
-                self._configured.set_exception(ConnectionError(f"configuration failed: {exc}"))
-            raise
-        self.events = events
-        if not self._configured.done():
-            self._configured.set_result(None)
-        log.info(
-            "plugin %s configured by %s %s (NRI %s) for %s",
-            self.full_name, req.runtime_name, req.runtime_version, req.NRI_version,
-            api.event_names(events),
-        )
-        return api.ConfigureResponse(events=events)
-
-    async def _synchronize(self, req: api.SynchronizeRequest) -> api.SynchronizeResponse:
-        if not implemented(self.plugin, "synchronize"):
-            return api.SynchronizeResponse(more=req.more)
-        self._sync_pods.extend(req.pods)
-        self._sync_containers.extend(req.containers)
-        if req.more:
-            # A split synchronisation: acknowledge and wait for the final chunk.
-            return api.SynchronizeResponse(more=True)
-        pods, containers = self._sync_pods, self._sync_containers
-        self._sync_pods, self._sync_containers = [], []
-        result = await _call(self.plugin.synchronize, pods, containers)  # type: ignore[attr-defined]
-        return api.SynchronizeResponse(update=_updates(result), more=False)
-
-    async def _shutdown(self, _req: api.Empty) -> api.Empty:
-        if implemented(self.plugin, "shutdown"):
-            await _call(self.plugin.shutdown)  # type: ignore[attr-defined]
-        return api.Empty()
-
-    def _event(self, method: str) -> Callable[[Any], Awaitable[Message]]:
-        handler, fields, with_updates = SIMPLE_EVENTS[method]
-        response: type[Message] = getattr(api, f"{method}Response")
-
-        async def deliver(req: Any) -> Message:
-            resp = response()
-            if implemented(self.plugin, handler):
-                args = [getattr(req, f) for f in fields]
-                result = await _call(getattr(self.plugin, handler), *args)
-                if with_updates:
-                    resp.update.extend(_updates(result))  # type: ignore[attr-defined]
-            return resp
-
-        return deliver
-
-    async def _create_container(
-        self, req: api.CreateContainerRequest
-    ) -> api.CreateContainerResponse:
-        if not implemented(self.plugin, "create_container"):
-            return api.CreateContainerResponse()
-        result = await _call(
-            self.plugin.create_container,  # type: ignore[attr-defined]
-            req.pod,
-            req.container,
-        )
-        updates: UpdatesResult = None
-        if isinstance(result, tuple):
-            result, updates = result
-        resp = api.CreateContainerResponse(update=_updates(updates))
-        if isinstance(result, Adjustment):
-            resp.adjust.CopyFrom(result.message)
-        elif isinstance(result, api.ContainerAdjustment):
-            resp.adjust.CopyFrom(result)
-        elif result is not None:
-            raise TypeError(f"create_container returned {type(result).__name__}")
-        return resp
-
-    async def _validate(
-        self, req: api.ValidateContainerAdjustmentRequest
-    ) -> api.ValidateContainerAdjustmentResponse:
-        if not implemented(self.plugin, "validate_container_adjustment"):
-            return api.ValidateContainerAdjustmentResponse()
-        try:
-            await _call(self.plugin.validate_container_adjustment, req)  # type: ignore[attr-defined]
-        except Exception as exc:
-            return api.ValidateContainerAdjustmentResponse(reject=True, reason=str(exc))
-        return api.ValidateContainerAdjustmentResponse()
-
-    async def _state_change(self, ev: api.StateChangeEvent) -> api.Empty:
-        """The older catch-all event: route it to the specific handler."""
-        method = STATE_CHANGE_ROUTES.get(ev.event)
-        if method is not None:
-            await self._event(method)(ev)
-        return api.Empty()
 
 def run(plugin: object, **kwargs: Any) -> int:
     """Entry point for a plugin program: run until the runtime goes away or a

@@ -18,33 +18,31 @@ the event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import socket
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
 from pycrid import unixsock
 from pycrid.config.schema import NRIConfig
-from pycrid.errors import FailedPrecondition, Unknown
+from pycrid.errors import Unknown
 from pycrid.nri import api
 from pycrid.nri.adaptation import launcher
+from pycrid.nri.adaptation.adjustment_validation import validate_adjustment
+from pycrid.nri.adaptation.call_accounting import PluginInstruments
 from pycrid.nri.adaptation.merge import CreateMerger, CreateResult, UpdateMerger
+from pycrid.nri.adaptation.plugin_socket import listen
 from pycrid.nri.adaptation.remote_plugin import (
     ConnectedPlugin,
     PluginFailed,
     PluginGone,
-    PluginObserver,
     RuntimeInfo,
-    SpanTracer,
 )
-from pycrid.nri.adaptation.validator import INDEX as VALIDATOR_INDEX
-from pycrid.nri.adaptation.validator import NAME as VALIDATOR_NAME
 from pycrid.nri.adaptation.validator import DefaultValidator
 from pycrid.nri.wire.ttrpc import Code
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +80,15 @@ class Domain(Protocol):
 
 
 class Adaptation:
+    """The plugins and the relay of events to them. ``owner`` holds the accept loop, the
+    registrations and the hang-up watches; ``instruments`` count and trace plugin calls."""
+
     def __init__(self, config: NRIConfig, *, runtime_name: str, runtime_version: str,
-                 domain: Domain) -> None:
+                 domain: Domain, owner: Owner | None = None,
+                 instruments: PluginInstruments | None = None) -> None:
         self.config = config
         self.domain = domain
+        self.instruments = instruments or PluginInstruments()
         self.info = RuntimeInfo(runtime_name, runtime_version,
                                 float(config.plugin_registration_timeout),
                                 float(config.plugin_request_timeout))
@@ -94,13 +97,10 @@ class Adaptation:
         self.plugins: list[ConnectedPlugin] = []
         self.warnings: list[str] = []
         self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._owner = owner or Owner("nri adaptation")
         self._listener: socket.socket | None = None
         self._socket_file: unixsock.SocketFile | None = None
         self._stopping = False
-        #: Set by the daemon before start: metrics and tracing of plugin calls.
-        self.observer: PluginObserver | None = None
-        self.tracer: SpanTracer | None = None
 
     # ---- lifetime -----------------------------------------------------------------------
 
@@ -112,8 +112,8 @@ class Adaptation:
             log.warning("%s", w)
         await asyncio.gather(*(self._launch(f) for f in found))
         if not self.config.disable_connections:
-            self._listener, self._socket_file = _listen(self.config.socket_path)
-            self._own(self._accept_loop(self._listener), "nri accept")
+            self._listener, self._socket_file = listen(self.config.socket_path)
+            self._owner.spawn(self._accept_loop(self._listener), "nri accept")
         log.info("NRI started: %d plugin(s) connected%s", len(self.plugins),
                  "" if self._listener is None else f", accepting on {self.config.socket_path}")
 
@@ -124,19 +124,10 @@ class Adaptation:
             self._listener.close()
         if self._socket_file is not None:
             self._socket_file.remove()  # not another runtime's socket that replaced ours
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._owner.aclose()
         async with self._lock:
             plugins, self.plugins = self.plugins, []
         await asyncio.gather(*(p.shutdown() for p in plugins), return_exceptions=True)
-
-    def _own(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        task = asyncio.create_task(coro, name=what)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _launch(self, found: launcher.Found) -> None:
         try:
@@ -156,12 +147,12 @@ class Adaptation:
             except OSError as e:
                 log.error("NRI socket accept failed: %s", e)
                 return
-            self._own(self._admit(self._new_plugin(), sock), "nri plugin registration")
+            self._owner.spawn(self._admit(self._new_plugin(), sock), "nri plugin registration")
 
     def _new_plugin(self, **kw: Any) -> ConnectedPlugin:
         return ConnectedPlugin(info=self.info, request_timeout=self.info.request_timeout,
-                               on_update=self._unsolicited_update, observer=self.observer,
-                               tracer=self.tracer, **kw)
+                               on_update=self._unsolicited_update,
+                               instruments=self.instruments, **kw)
 
     async def _admit(self, plugin: ConnectedPlugin, sock: socket.socket) -> None:
         """Handshake, then synchronise and insert under the plugin-sync write lock."""
@@ -185,8 +176,8 @@ class Adaptation:
                 self.plugins = sorted([*self.plugins, plugin], key=lambda p: (p.idx, p.base))
             log.info("NRI plugin %s synchronized (%d pods, %d containers)", plugin.name,
                      len(pods), len(containers))
-            if self.observer is not None:
-                self.observer.nri_registered(plugin.name)
+            if self.instruments.observer is not None:
+                self.instruments.observer.nri_registered(plugin.name)
             return updates
 
         try:
@@ -194,7 +185,7 @@ class Adaptation:
         except (PluginGone, PluginFailed) as e:
             await plugin.close(f"synchronization failed: {e}", "sync")
             return
-        self._own(self._watch(plugin), f"nri plugin {plugin.name} hang-up watch")
+        self._owner.spawn(self._watch(plugin), f"nri plugin {plugin.name} hang-up watch")
 
     async def _watch(self, plugin: ConnectedPlugin) -> None:
         """A plugin that hangs up between events is closed (and counted) at once, not at
@@ -317,7 +308,9 @@ class Adaptation:
                         raise PluginError(str(e)) from None
                     merger.apply(plugin.name, reply)
                 result = merger.result()
-                await self._validate(pod, merger.pristine, result, instances)
+                await validate_adjustment(
+                    pod, merger.pristine, result, instances,
+                    self.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT), self.validator)
             finally:
                 self._prune()
         return result
@@ -325,40 +318,6 @@ class Adaptation:
     def _has_validators(self) -> bool:
         return self.validator is not None or bool(
             self.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT))
-
-    async def _validate(self, pod: api.PodSandbox, pristine: api.Container,
-                        result: CreateResult, instances: list[api.PluginInstance]) -> None:
-        validators = self.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT)
-        if self.validator is None and not validators:
-            return
-        if self.validator is not None:
-            instances = [api.PluginInstance(name=VALIDATOR_NAME, index=VALIDATOR_INDEX),
-                         *instances]
-        req = api.ValidateContainerAdjustmentRequest(
-            pod=pod, container=pristine, adjust=result.adjust, update=result.updates,
-            owners=result.owners, plugins=instances)
-
-        async def ask(plugin: ConnectedPlugin) -> str | None:
-            try:
-                rpl = await plugin.call("ValidateContainerAdjustment", req,
-                                        api.ValidateContainerAdjustmentResponse)
-            except (PluginGone, PluginFailed) as e:
-                # A validator that cannot answer fails the create, as upstream.
-                return f"validator plugin {plugin.name} failed: {e}"
-            if rpl.reject:
-                return (f'validator "{plugin.name}" rejected container adjustment, '
-                        f"reason: {rpl.reason}")
-            return None
-
-        verdicts: list[str | None] = list(await asyncio.gather(*(ask(p) for p in validators)))
-        if self.validator is not None:
-            reason = self.validator.validate(req)
-            if reason is not None:
-                verdicts.insert(0, f'validator "{VALIDATOR_INDEX}-{VALIDATOR_NAME}" rejected '
-                                   f"container adjustment, reason: {reason}")
-        for verdict in verdicts:
-            if verdict is not None:
-                raise FailedPrecondition(verdict)
 
     async def post_create_container(self, pod: api.PodSandbox, ctr: api.Container) -> None:
         await self._relay(api.Event.POST_CREATE_CONTAINER,
@@ -407,21 +366,3 @@ class Adaptation:
         await self._relay(api.Event.REMOVE_CONTAINER,
                           api.RemoveContainerRequest(pod=pod, container=ctr),
                           api.RemoveContainerResponse, may_fail=False)
-
-
-#: How to avoid another process's NRI socket (for refusals).
-SOCKET_HINT = ('set socket_path in [plugins."pycrid.nri.v1.nri"] to another path (or '
-               "disable_connections = true)")
-
-
-def _listen(path: str) -> tuple[socket.socket, unixsock.SocketFile]:
-    """The external plugins' socket: directory 0700, socket 0600; never another live
-    runtime's socket taken over."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    return unixsock.listen(path, what="the NRI socket", hint=SOCKET_HINT, mode=0o600)
-
-
-def check_socket_free(config: NRIConfig) -> None:
-    """At start-up, before recovery: refuse the NRI socket of a runtime that is running."""
-    if not config.disable and not config.disable_connections:
-        unixsock.check_free(config.socket_path, what="the NRI socket", hint=SOCKET_HINT)

@@ -56,16 +56,14 @@ Upstream behaviour kept on purpose, though it may surprise:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
-from google.protobuf.message import Message
-
-from pycrid.errors import InvalidArgument
 from pycrid.nri import api
-from pycrid.nri.adaptation.owners import AdjustmentConflict, OwnerTable, go_quote
+from pycrid.nri.adaptation.keyed_entries import clone
+from pycrid.nri.adaptation.merge_keyed import KeyedFieldMerger
+from pycrid.nri.adaptation.merge_resources import merge_resources
+from pycrid.nri.adaptation.merge_updates import ContainerUpdates, UpdateMerger, merge_evictions
+from pycrid.nri.adaptation.owners import AdjustmentConflict, OwnerTable
 
 __all__ = [
     "AdjustmentConflict",
@@ -75,31 +73,8 @@ __all__ = [
     "UpdateMerger",
 ]
 
-_M = TypeVar("_M", bound=Message)
-
 _F = api.Field
 
-_MEMORY_FIELDS: tuple[tuple[str, int], ...] = (
-    ("limit", _F.MemLimit),
-    ("reservation", _F.MemReservation),
-    ("swap", _F.MemSwapLimit),
-    ("kernel", _F.MemKernelLimit),
-    ("kernel_tcp", _F.MemTCPLimit),
-    ("swappiness", _F.MemSwappiness),
-    ("disable_oom_killer", _F.MemDisableOomKiller),
-    ("use_hierarchy", _F.MemUseHierarchy),
-)
-_CPU_FIELDS: tuple[tuple[str, int], ...] = (
-    ("shares", _F.CPUShares),
-    ("quota", _F.CPUQuota),
-    ("period", _F.CPUPeriod),
-    ("realtime_runtime", _F.CPURealtimeRuntime),
-    ("realtime_period", _F.CPURealtimePeriod),
-)
-_CPUSET_FIELDS: tuple[tuple[str, int], ...] = (
-    ("cpus", _F.CPUSetCPUs),
-    ("mems", _F.CPUSetMems),
-)
 _RDT_FIELDS: tuple[tuple[str, int], ...] = (
     ("clos_id", _F.RdtClosID),
     ("schemata", _F.RdtSchemata),
@@ -115,178 +90,6 @@ _HOOK_KINDS = (
 )
 
 
-def _clone(message: _M) -> _M:
-    copy = type(message)()
-    copy.CopyFrom(message)
-    return copy
-
-
-# ---------------------------------------------------------------- shared pieces
-
-
-def _unmarked(key: str) -> str:
-    return api.clear_removal_marker(key) if api.is_marked_for_removal(key) else key
-
-
-def _drop_keys(
-    entries: RepeatedCompositeFieldContainer[_M], key_of: Callable[[_M], str], keys: set[str]
-) -> None:
-    """Remove the entries (values or removal markers) whose key is in ``keys``."""
-    if not keys:
-        return
-    kept = [_clone(e) for e in entries if _unmarked(key_of(e)) not in keys]
-    del entries[:]
-    entries.extend(kept)
-
-
-def _put_keyed(
-    entries: RepeatedCompositeFieldContainer[_M], key_of: Callable[[_M], str], entry: _M
-) -> None:
-    """Add ``entry``, replacing any entry with the same key."""
-    _drop_keys(entries, key_of, {key_of(entry)})
-    entries.append(entry)
-
-
-def _page_size(limit: api.HugepageLimit) -> str:
-    return limit.page_size
-
-
-def _merge_resources(
-    owners: OwnerTable,
-    container_id: str,
-    plugin: str,
-    change: api.LinuxResources,
-    targets: Sequence[api.LinuxResources],
-    *,
-    device_rules: bool,
-) -> None:
-    """Claim and copy every resource ``change`` sets into each of ``targets``.
-
-    Memory and CPU settings are owned one by one; hugepage limits per page
-    size and unified entries per key. Device cgroup rules (creation only, as
-    upstream) are appended and owned by nobody.
-    """
-    if change.HasField("memory"):
-        for name, field in _MEMORY_FIELDS:
-            if change.memory.HasField(name):
-                owners.claim(container_id, field, plugin)
-                for t in targets:
-                    getattr(t.memory, name).CopyFrom(getattr(change.memory, name))
-    if change.HasField("cpu"):
-        for name, field in _CPU_FIELDS:
-            if change.cpu.HasField(name):
-                owners.claim(container_id, field, plugin)
-                for t in targets:
-                    getattr(t.cpu, name).CopyFrom(getattr(change.cpu, name))
-        for name, field in _CPUSET_FIELDS:
-            if value := getattr(change.cpu, name):
-                owners.claim(container_id, field, plugin)
-                for t in targets:
-                    setattr(t.cpu, name, value)
-    for limit in change.hugepage_limits:
-        owners.claim(container_id, _F.HugepageLimits, plugin, limit.page_size)
-        for t in targets:
-            _put_keyed(t.hugepage_limits, _page_size, _clone(limit))
-    for key in sorted(change.unified):
-        owners.claim(container_id, _F.CgroupsUnified, plugin, key)
-        for t in targets:
-            t.unified[key] = change.unified[key]
-    for name, field in (("blockio_class", _F.BlockioClass), ("rdt_class", _F.RdtClass)):
-        if change.HasField(name):
-            owners.claim(container_id, field, plugin)
-            for t in targets:
-                getattr(t, name).CopyFrom(getattr(change, name))
-    if change.HasField("pids"):
-        owners.claim(container_id, _F.PidsLimit, plugin)
-        for t in targets:
-            t.pids.CopyFrom(change.pids)
-    if device_rules:
-        for t in targets:
-            t.devices.extend(change.devices)
-
-
-def _merge_evictions(
-    collected: list[api.ContainerEviction],
-    plugin: str,
-    evictions: Iterable[api.ContainerEviction],
-    created_id: str | None,
-) -> None:
-    seen = {e.container_id for e in collected}
-    for eviction in evictions:
-        if created_id is not None and eviction.container_id == created_id:
-            raise InvalidArgument(
-                f"plugin {go_quote(plugin)} asked eviction of "
-                f"{go_quote(created_id)} during creation"
-            )
-        if eviction.container_id not in seen:
-            seen.add(eviction.container_id)
-            collected.append(_clone(eviction))
-
-
-class _Updates:
-    """Updates of existing containers, merged per container ID."""
-
-    def __init__(
-        self,
-        owners: OwnerTable,
-        *,
-        created_id: str | None = None,
-        target_id: str | None = None,
-        requested: api.LinuxResources | None = None,
-    ) -> None:
-        self._owners = owners
-        self._created_id = created_id
-        self._target_id = target_id
-        self._requested = requested
-        self._by_id: dict[str, api.ContainerUpdate] = {}
-
-    def _entry(self, plugin: str, update: api.ContainerUpdate) -> api.ContainerUpdate:
-        cid = update.container_id
-        if self._created_id is not None and cid == self._created_id:
-            # upstream's wording for the same mistake
-            raise InvalidArgument(
-                f"plugin {go_quote(plugin)} asked update of {go_quote(cid)} during creation"
-            )
-        merged = self._by_id.get(cid)
-        if merged is None:
-            merged = api.ContainerUpdate(container_id=cid, ignore_failure=update.ignore_failure)
-            merged.linux.resources.SetInParent()
-            if cid == self._target_id and self._requested is not None:
-                merged.linux.resources.CopyFrom(self._requested)
-            self._by_id[cid] = merged
-        else:
-            merged.ignore_failure = merged.ignore_failure and update.ignore_failure
-        return merged
-
-    def apply(self, plugin: str, updates: Iterable[api.ContainerUpdate]) -> None:
-        for update in updates:
-            merged = self._entry(plugin, update)
-            if not (update.HasField("linux") and update.linux.HasField("resources")):
-                continue
-            cid = update.container_id
-            saved = self._owners.snapshot(cid)
-            work = _clone(merged.linux.resources)
-            try:
-                _merge_resources(
-                    self._owners, cid, plugin, update.linux.resources, [work], device_rules=False
-                )
-            except AdjustmentConflict:
-                # all or nothing per update: drop its claims along with its changes
-                self._owners.restore(cid, saved)
-                if update.ignore_failure:
-                    continue
-                raise
-            merged.linux.resources.CopyFrom(work)
-
-    def result(self) -> list[api.ContainerUpdate]:
-        others = [_clone(u) for cid, u in self._by_id.items() if cid != self._target_id]
-        target = self._by_id.get(self._target_id) if self._target_id is not None else None
-        return others if target is None else [*others, _clone(target)]
-
-
-# ---------------------------------------------------------------- creation
-
-
 @dataclass
 class CreateResult:
     """The merged outcome of CreateContainer."""
@@ -300,30 +103,6 @@ class CreateResult:
     """For ``ValidateContainerAdjustmentRequest.owners``."""
 
 
-def _mount_key(mount: api.Mount) -> str:
-    return mount.destination
-
-
-def _device_key(device: api.LinuxDevice) -> str:
-    return device.path
-
-
-def _env_key(env: api.KeyValue) -> str:
-    return env.key
-
-
-def _namespace_key(namespace: api.LinuxNamespace) -> str:
-    return namespace.type
-
-
-def _rlimit_key(rlimit: api.POSIXRlimit) -> str:
-    return rlimit.type
-
-
-def _env_name(entry: str) -> str:
-    return entry.partition("=")[0]
-
-
 class CreateMerger:
     """Folds the CreateContainer replies of all plugins into one result.
 
@@ -333,16 +112,17 @@ class CreateMerger:
     """
 
     def __init__(self, pod: api.PodSandbox, container: api.Container) -> None:
-        self.pod = _clone(pod)
-        self.pristine = _clone(container)
+        self.pod = clone(pod)
+        self.pristine = clone(container)
         """The container as the runtime first described it."""
-        self.container = _clone(container)
+        self.container = clone(container)
         """The container with every adjustment so far applied."""
         self._id = container.id
         self._adjust = api.ContainerAdjustment()
         self._owners = OwnerTable()
-        self._updates = _Updates(self._owners, created_id=container.id)
+        self._updates = ContainerUpdates(self._owners, created_id=container.id)
         self._evictions: list[api.ContainerEviction] = []
+        self._keyed = KeyedFieldMerger(self._id, self._owners, self._adjust, self.container)
 
     @property
     def owners(self) -> OwnerTable:
@@ -353,14 +133,14 @@ class CreateMerger:
         if reply.HasField("adjust"):
             self._apply_adjustment(plugin, reply.adjust)
         self._updates.apply(plugin, reply.update)
-        _merge_evictions(self._evictions, plugin, reply.evict, self._id)
+        merge_evictions(self._evictions, plugin, reply.evict, self._id)
 
     def result(self) -> CreateResult:
         return CreateResult(
-            adjust=_clone(self._adjust),
+            adjust=clone(self._adjust),
             updates=self._updates.result(),
-            evictions=[_clone(e) for e in self._evictions],
-            owners=_clone(self._owners.message),
+            evictions=[clone(e) for e in self._evictions],
+            owners=clone(self._owners.message),
         )
 
     # ------------------------------------------------------------ per field
@@ -368,175 +148,15 @@ class CreateMerger:
     def _apply_adjustment(self, plugin: str, adj: api.ContainerAdjustment) -> None:
         # the order of upstream's result.adjust, which decides which conflict
         # is reported when a reply has several
-        self._annotations(plugin, adj)
-        self._mounts(plugin, adj)
-        self._env(plugin, adj)
+        self._keyed.annotations(plugin, adj)
+        self._keyed.mounts(plugin, adj)
+        self._keyed.env(plugin, adj)
         self._args(plugin, adj)
         self._hooks(plugin, adj)
         if adj.HasField("linux"):
             self._linux(plugin, adj.linux)
-        self._rlimits(plugin, adj)
-        self._cdi_devices(plugin, adj)
-
-    def _keyed_map(
-        self,
-        plugin: str,
-        field: int,
-        keys: Iterable[str],
-        *,
-        remove: Callable[[str], None],
-        put: Callable[[str], None],
-    ) -> None:
-        """Removals first, then sets, each in key order (for stable errors)."""
-        marked = sorted(k for k in keys if api.is_marked_for_removal(k))
-        for raw in marked:
-            key = api.clear_removal_marker(raw)
-            self._owners.clear(self._id, field, plugin, key)
-            remove(key)
-        for key in sorted(k for k in keys if not api.is_marked_for_removal(k)):
-            self._owners.claim(self._id, field, plugin, key)
-            put(key)
-
-    def _annotations(self, plugin: str, adj: api.ContainerAdjustment) -> None:
-        self._string_map(plugin, _F.Annotations, adj.annotations, self._adjust.annotations,
-                         self.container.annotations)
-
-    def _sysctl(self, plugin: str, lin: api.LinuxContainerAdjustment) -> None:
-        self._string_map(plugin, _F.Sysctl, lin.sysctl, self._adjust.linux.sysctl,
-                         self.container.linux.sysctl)
-
-    def _string_map(self, plugin: str, field: int, change: Any, merged: Any,
-                    working: Any) -> None:
-        """A string map owned per key (annotations, sysctls)."""
-        if not change:
-            return
-
-        def remove(key: str) -> None:
-            working.pop(key, None)
-            merged.pop(key, None)
-            merged[api.mark_for_removal(key)] = ""
-
-        def put(key: str) -> None:
-            working[key] = merged[key] = change[key]
-
-        self._keyed_map(plugin, field, list(change), remove=remove, put=put)
-
-    def _net_devices(self, plugin: str, lin: api.LinuxContainerAdjustment) -> None:
-        change = lin.net_devices
-        if not change:
-            return
-        merged, working = self._adjust.linux.net_devices, self.container.linux.net_devices
-
-        def remove(key: str) -> None:
-            if key in working:
-                del working[key]
-            if key in merged:
-                del merged[key]
-            merged.get_or_create(api.mark_for_removal(key))
-
-        def put(key: str) -> None:
-            working[key].CopyFrom(change[key])
-            merged[key].CopyFrom(change[key])
-
-        self._keyed_map(plugin, _F.LinuxNetDevices, list(change), remove=remove, put=put)
-
-    def _keyed_list(
-        self,
-        plugin: str,
-        field: int,
-        change: Sequence[_M],
-        key_of: Callable[[_M], str],
-        merged: RepeatedCompositeFieldContainer[_M],
-        *,
-        marker: Callable[[str], _M],
-        drop_working: Callable[[set[str]], None],
-        add_working: Callable[[_M], None],
-    ) -> None:
-        """Merge a list whose entries are identified by a key.
-
-        Removals are handled before additions (so remove + add of one key in a
-        reply replaces the entry); a removal that is not followed by an
-        addition of the same key leaves a marker in the merged adjustment.
-        """
-        if not change:
-            return
-        removed: list[str] = []
-        added: list[_M] = []
-        for entry in change:
-            raw = key_of(entry)
-            if api.is_marked_for_removal(raw):
-                removed.append(api.clear_removal_marker(raw))
-            else:
-                added.append(entry)
-        readded = {key_of(e) for e in added}
-        for key in dict.fromkeys(removed):
-            self._owners.clear(self._id, field, plugin, key)
-            _drop_keys(merged, key_of, {key})
-            if key not in readded:
-                merged.append(marker(key))
-        drop_working(set(removed) | readded)
-        for entry in added:
-            self._owners.claim(self._id, field, plugin, key_of(entry))
-            _put_keyed(merged, key_of, _clone(entry))
-            add_working(entry)
-
-    def _mounts(self, plugin: str, adj: api.ContainerAdjustment) -> None:
-        working = self.container.mounts
-        self._keyed_list(
-            plugin,
-            _F.Mounts,
-            adj.mounts,
-            _mount_key,
-            self._adjust.mounts,
-            marker=lambda key: api.Mount(destination=api.mark_for_removal(key)),
-            drop_working=lambda keys: _drop_keys(working, _mount_key, keys),
-            add_working=working.append,
-        )
-
-    def _env(self, plugin: str, adj: api.ContainerAdjustment) -> None:
-        working = self.container.env
-
-        def drop(keys: set[str]) -> None:
-            kept = [e for e in working if _env_name(e) not in keys]
-            del working[:]
-            working.extend(kept)
-
-        self._keyed_list(
-            plugin,
-            _F.Env,
-            adj.env,
-            _env_key,
-            self._adjust.env,
-            marker=lambda key: api.KeyValue(key=api.mark_for_removal(key)),
-            drop_working=drop,
-            add_working=lambda kv: working.append(f"{kv.key}={kv.value}"),
-        )
-
-    def _devices(self, plugin: str, lin: api.LinuxContainerAdjustment) -> None:
-        working = self.container.linux.devices
-        self._keyed_list(
-            plugin,
-            _F.Devices,
-            lin.devices,
-            _device_key,
-            self._adjust.linux.devices,
-            marker=lambda key: api.LinuxDevice(path=api.mark_for_removal(key)),
-            drop_working=lambda keys: _drop_keys(working, _device_key, keys),
-            add_working=working.append,
-        )
-
-    def _namespaces(self, plugin: str, lin: api.LinuxContainerAdjustment) -> None:
-        working = self.container.linux.namespaces
-        self._keyed_list(
-            plugin,
-            _F.Namespace,
-            lin.namespaces,
-            _namespace_key,
-            self._adjust.linux.namespaces,
-            marker=lambda key: api.LinuxNamespace(type=api.mark_for_removal(key)),
-            drop_working=lambda keys: _drop_keys(working, _namespace_key, keys),
-            add_working=working.append,
-        )
+        self._keyed.rlimits(plugin, adj)
+        self._keyed.cdi_devices(plugin, adj)
 
     def _args(self, plugin: str, adj: api.ContainerAdjustment) -> None:
         args = list(adj.args)
@@ -565,9 +185,9 @@ class CreateMerger:
             self._owners.accumulate(self._id, _F.OciHooks, plugin)
 
     def _linux(self, plugin: str, lin: api.LinuxContainerAdjustment) -> None:
-        self._devices(plugin, lin)
+        self._keyed.devices(plugin, lin)
         if lin.HasField("resources"):
-            _merge_resources(
+            merge_resources(
                 self._owners,
                 self._id,
                 plugin,
@@ -588,9 +208,9 @@ class CreateMerger:
                 self._owners.claim(self._id, field, plugin)
                 getattr(self._adjust.linux, name).CopyFrom(getattr(lin, name))
                 getattr(self.container.linux, name).CopyFrom(getattr(lin, name))
-        self._namespaces(plugin, lin)
-        self._sysctl(plugin, lin)
-        self._net_devices(plugin, lin)
+        self._keyed.namespaces(plugin, lin)
+        self._keyed.sysctl(plugin, lin)
+        self._keyed.net_devices(plugin, lin)
         if lin.HasField("scheduler"):
             self._owners.claim(self._id, _F.LinuxSched, plugin)
             self._adjust.linux.scheduler.CopyFrom(lin.scheduler)
@@ -617,56 +237,3 @@ class CreateMerger:
                 merged.remove = False
                 getattr(self.container.linux.rdt, name).CopyFrom(getattr(rdt, name))
 
-    def _rlimits(self, plugin: str, adj: api.ContainerAdjustment) -> None:
-        for rlimit in adj.rlimits:
-            self._owners.claim(self._id, _F.Rlimits, plugin, rlimit.type)
-            _put_keyed(self._adjust.rlimits, _rlimit_key, _clone(rlimit))
-            _put_keyed(self.container.rlimits, _rlimit_key, _clone(rlimit))
-
-    def _cdi_devices(self, plugin: str, adj: api.ContainerAdjustment) -> None:
-        # add-only references resolved later by the runtime; like upstream they
-        # are not copied into the working container
-        for device in adj.CDI_devices:
-            self._owners.claim(self._id, _F.CdiDevices, plugin, device.name)
-            self._adjust.CDI_devices.append(device)
-
-
-# ---------------------------------------------------------------- update / stop
-
-
-class UpdateMerger:
-    """Folds the UpdateContainer or StopContainer replies of all plugins.
-
-    ``target_id`` is the container whose update the runtime asked about (None
-    for StopContainer): its merged update comes last in :meth:`result`, as
-    upstream returns it, so the runtime can take it as the new resources.
-    With ``requested`` (the resources the CRI asked for) the target's merged
-    update starts from those, as upstream's does. The target's update appears
-    only when some plugin updated it.
-    """
-
-    def __init__(
-        self, target_id: str | None = None, *, requested: api.LinuxResources | None = None
-    ) -> None:
-        self._owners = OwnerTable()
-        self._updates = _Updates(self._owners, target_id=target_id, requested=requested)
-        self._evictions: list[api.ContainerEviction] = []
-
-    @property
-    def owners(self) -> OwnerTable:
-        return self._owners
-
-    def apply(
-        self,
-        plugin: str,
-        updates: Sequence[api.ContainerUpdate],
-        evictions: Sequence[api.ContainerEviction] = (),
-    ) -> None:
-        """Merge one plugin's updates; a conflicting update whose
-        ``ignore_failure`` is set is dropped instead of raising."""
-        self._updates.apply(plugin, updates)
-        _merge_evictions(self._evictions, plugin, evictions, None)
-
-    def result(self) -> tuple[list[api.ContainerUpdate], list[api.ContainerEviction]]:
-        """``ignore_failure`` of a merged update is the AND of its parts'."""
-        return self._updates.result(), [_clone(e) for e in self._evictions]

@@ -20,22 +20,22 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
 from pycrid.nri import api
+from pycrid.nri.adaptation.call_accounting import CallStats, PluginInstruments
+from pycrid.nri.adaptation.sync_chunks import sync_chunks
 from pycrid.nri.wire.connection import RUNTIME_SIDE, Connection, ConnectionClosed, Services, connect
 from pycrid.nri.wire.ttrpc import Code, RequestReceived, TtrpcError
+from pycrid.tasks import race
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 
-#: Synchronize chunks are kept this far under ttrpc's 4 MiB message limit (envelope, header).
-SYNC_CHUNK_LIMIT = 4 * 1024 * 1024 - 64 * 1024
 #: How long a launched plugin may take to exit after Shutdown before it is killed.
 SHUTDOWN_GRACE = 1.0
 
@@ -65,33 +65,6 @@ class RuntimeInfo:
     request_timeout: float
 
 
-@dataclass
-class CallStats:
-    """One plugin's calls of one method, for ``pycrid nri plugins``."""
-
-    count: int = 0
-    errors: int = 0
-    total: float = 0.0  # seconds
-    max: float = 0.0
-    last: float = 0.0
-
-
-class PluginObserver(Protocol):
-    """Where plugin calls, registrations and drops are counted (pycrid.metrics.Metrics)."""
-
-    def nri_call(self, plugin: str, event: str, seconds: float, failed: bool) -> None: ...
-
-    def nri_registered(self, plugin: str) -> None: ...
-
-    def nri_dropped(self, plugin: str, reason: str) -> None: ...
-
-
-class SpanTracer(Protocol):
-    """Makes a span, a child of the current one (pycrid.tracing)."""
-
-    def span(self, name: str, attributes: dict[str, Any]) -> AbstractContextManager[Any]: ...
-
-
 class ChildProcess(Protocol):
     returncode: int | None
 
@@ -114,8 +87,7 @@ class ConnectedPlugin:
     def __init__(self, *, info: RuntimeInfo, request_timeout: float, config: str = "",
                  launched: Launched | None = None,
                  on_update: UpdateHandler | None = None,
-                 observer: PluginObserver | None = None,
-                 tracer: SpanTracer | None = None) -> None:
+                 instruments: PluginInstruments | None = None) -> None:
         self.info = info
         self.request_timeout = request_timeout
         self.config = config
@@ -128,8 +100,7 @@ class ConnectedPlugin:
         self._registered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._conn: Connection | None = None
         self._closing: asyncio.Task[None] | None = None
-        self.observer = observer
-        self.tracer = tracer
+        self.instruments = instruments or PluginInstruments()
         #: Calls by method (Configure, Synchronize, CreateContainer, ...).
         self.calls: dict[str, CallStats] = {}
         #: The newest failed call, as "Method: why" (``pycrid nri plugins``).
@@ -196,23 +167,7 @@ class ConnectedPlugin:
 
     async def handshake(self) -> None:
         """Registration (within its timeout), then Configure; raises PluginGone."""
-        assert self._conn is not None
-        closed: asyncio.Future[Any] = asyncio.ensure_future(self._conn.wait_closed())
-        registered: asyncio.Future[Any] = self._registered
-        try:
-            done, _ = await asyncio.wait({registered, closed},
-                                         timeout=self.info.registration_timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closed.cancel()
-        if registered in done and registered.exception() is None:
-            why = ""
-        elif registered in done:
-            why = str(registered.exception())
-        elif closed in done:
-            why = closed.result()
-        else:
-            why = f"did not register within {self.info.registration_timeout:g}s"
+        why = await self._registration()
         if why:
             await self.close(f"registration failed: {why}", "registration")
             raise PluginGone(f"plugin {self.name}: registration failed: {why}")
@@ -230,6 +185,24 @@ class ConnectedPlugin:
         self.events = events
         log.info("NRI plugin %s registered, subscribed to %s", self.name,
                  api.event_names(events))
+
+    async def _registration(self) -> str:
+        """Until the plugin registers (""), or why it did not: refused, hung up, too slow."""
+        assert self._conn is not None
+
+        async def registered() -> str:
+            try:
+                await asyncio.shield(self._registered)
+            except Exception as e:
+                return str(e)
+            return ""
+
+        try:
+            async with asyncio.timeout(self.info.registration_timeout):
+                # Registration first: when both are done, it wins over the hang-up.
+                return await race(registered(), self._conn.wait_closed())
+        except TimeoutError:
+            return f"did not register within {self.info.registration_timeout:g}s"
 
     async def _register(self, ev: RequestReceived) -> bytes:
         req = api.RegisterPluginRequest.FromString(ev.payload)
@@ -262,10 +235,11 @@ class ConnectedPlugin:
         started = time.monotonic()
         failed = True
         try:
-            if self.tracer is None:
+            tracer = self.instruments.tracer
+            if tracer is None:
                 answer = await self._call(method, request, response, timeout)
             else:
-                with self.tracer.span(f"nri.{method}", {"nri.plugin.name": self.base,
+                with tracer.span(f"nri.{method}", {"nri.plugin.name": self.base,
                                                         "nri.plugin.index": self.idx}):
                     answer = await self._call(method, request, response, timeout)
             failed = False
@@ -285,8 +259,8 @@ class ConnectedPlugin:
         stats.total += seconds
         stats.last = seconds
         stats.max = max(stats.max, seconds)
-        if self.observer is not None:
-            self.observer.nri_call(self.name, method, seconds, failed)
+        if self.instruments.observer is not None:
+            self.instruments.observer.nri_call(self.name, method, seconds, failed)
 
     async def _call(self, method: str, request: Message, response: type[M],
                     timeout: float | None) -> M:
@@ -359,8 +333,8 @@ class ConnectedPlugin:
             log.info("NRI plugin %s disconnected: %s", self.name, reason)
         elif kind != "shutdown":
             log.warning("closing NRI plugin %s: %s", self.name, reason)
-        if self.observer is not None:
-            self.observer.nri_dropped(self.name, kind)
+        if self.instruments.observer is not None:
+            self.instruments.observer.nri_dropped(self.name, kind)
         if self._conn is not None:
             await self._conn.aclose(reason)
         if self.launched is not None:
@@ -368,37 +342,3 @@ class ConnectedPlugin:
             proc.kill()
             await proc.wait()
 
-
-def _entry_size(msg: Message) -> int:
-    # A repeated message field costs its tag, its length varint and its bytes.
-    size = msg.ByteSize()
-    return size + 1 + (size.bit_length() + 6) // 7
-
-
-def sync_chunks(pods: Sequence[api.PodSandbox], containers: Sequence[api.Container],
-                limit: int = SYNC_CHUNK_LIMIT
-                ) -> list[tuple[list[api.PodSandbox], list[api.Container]]]:
-    """Split the sync set so each SynchronizeRequest stays under ``limit`` bytes.
-
-    Pods go first, so a plugin has seen a container's pod when it meets the
-    container (upstream's order). Always at least one (maybe empty) chunk.
-    """
-    chunks: list[tuple[list[api.PodSandbox], list[api.Container]]] = []
-    cur_pods: list[api.PodSandbox] = []
-    cur_ctrs: list[api.Container] = []
-    used = 2  # the ``more`` flag
-    items: list[api.PodSandbox | api.Container] = [*pods, *containers]
-    for item in items:
-        size = _entry_size(item)
-        if size + 2 > limit:
-            raise ValueError(f"object {item.id} alone exceeds the NRI message limit")
-        if used + size > limit and (cur_pods or cur_ctrs):
-            chunks.append((cur_pods, cur_ctrs))
-            cur_pods, cur_ctrs, used = [], [], 2
-        if isinstance(item, api.PodSandbox):
-            cur_pods.append(item)
-        else:
-            cur_ctrs.append(item)
-        used += size
-    chunks.append((cur_pods, cur_ctrs))
-    return chunks

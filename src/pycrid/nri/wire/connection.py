@@ -6,8 +6,8 @@ produce. It carries either plain ttrpc (one role per socket, as containerd's
 ttrpc clients and servers use it) or NRI's multiplexed pair: a ttrpc server on
 one mux conn and a ttrpc client on the other.
 
-Lifetime: the connection owns its reader task and every call task; ``aclose``
-(or the peer going away, or a protocol error) stops all of them, fails every
+Lifetime: the connection's ``Owner`` holds its reader task and, in a child, every
+call task; ``aclose`` (or the peer going away, or a protocol error) stops all of them, fails every
 pending call with ``ConnectionClosed`` and records a reason for the logs.
 Nothing raised by a peer's bytes escapes into the event loop.
 """
@@ -33,6 +33,7 @@ from pycrid.nri.wire.ttrpc import (
     ServerProtocol,
     TtrpcError,
 )
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +114,17 @@ class Connection:
         self._server = ServerProtocol()
         self._demux = mux.Demultiplexer([roles.serve, roles.call]) if roles else None
         self._pending: dict[int, asyncio.Future[ResponseReceived]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._read_task: asyncio.Task[None] | None = None
+        self._owner = Owner(name)
+        self._calls = self._owner.child("calls")
+        self._reading = False
         self._closed = asyncio.get_running_loop().create_future()
 
     # ------------------------------------------------------------ lifetime
 
     def start(self) -> None:
-        if self._read_task is None:
-            self._read_task = asyncio.create_task(self._read_loop(), name=f"{self.name} reader")
+        if not self._reading:
+            self._reading = True
+            self._owner.spawn(self._read_loop(), "reader")
 
     @property
     def is_closed(self) -> bool:
@@ -138,13 +141,7 @@ class Connection:
     async def aclose(self, reason: str = "closed locally") -> None:
         """Stop everything the connection owns and close the socket."""
         self._finish(reason)
-        current = asyncio.current_task()
-        tasks = [t for t in (*self._tasks, self._read_task) if t is not None and t is not current]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._owner.aclose()
         with contextlib.suppress(OSError, asyncio.CancelledError):
             await self._writer.wait_closed()
 
@@ -156,10 +153,8 @@ class Connection:
             if not fut.done():
                 fut.set_exception(ConnectionClosed(reason))
         self._pending.clear()
-        current = asyncio.current_task()
-        for task in self._tasks:
-            if task is not current:
-                task.cancel()
+        if not self._owner.closed:  # the calls in flight end with the connection
+            self._owner.spawn(self._calls.aclose(), "call cancellation")
         with contextlib.suppress(OSError, RuntimeError):
             self._writer.close()
 
@@ -196,10 +191,12 @@ class Connection:
     # ------------------------------------------------------------ serving
 
     def _own(self, coro: Coroutine[Any, Any, None], what: str) -> None:
-        """Run ``coro`` as a task the connection owns (cancelled when it closes)."""
-        task = asyncio.create_task(coro, name=f"{self.name} {what}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Run ``coro`` as a call task (cancelled when the connection closes); a request
+        read after the close is dropped."""
+        if self._closed.done():
+            coro.close()
+            return
+        self._calls.spawn(coro, what)
 
     async def _serve(self, ev: RequestReceived) -> None:
         assert self._services is not None
