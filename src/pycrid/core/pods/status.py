@@ -30,7 +30,7 @@ def list_pods(parts: PodParts, flt: pb.PodSandboxFilter | None) -> list[SandboxR
 async def pod_details(parts: PodParts, rec: SandboxRecord) -> dict[str, Any]:
     """PodSandboxStatus verbose info (containerd's keys)."""
     status = await parts.controller.status(rec.id, verbose=True)
-    return {"pid": rec.pid, "processStatus": status.state,
+    return {"pid": rec.pid, "processStatus": status.state.value,
             "netNamespaceClosed": bool(rec.netns) and not parts.network.netns_pinned(rec.netns),
             "netns": rec.netns, "image": rec.image_name, "snapshotKey": rec.id,
             "cniResult": parts.network.results(rec.id),
