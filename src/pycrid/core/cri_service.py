@@ -27,12 +27,15 @@ from pycrid.core.anchors import PodAnchors
 from pycrid.core.containers import ContainerManager, ContainerPaths
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri_relay import NRI, ContainerActions, RelaySources
-from pycrid.core.pods import PodManager
+from pycrid.core.pods.pause_exit import handle_exit, notify_exit
+from pycrid.core.pods.pod_parts import PodHandlers, PodParts
+from pycrid.core.pods.recover import check_networks, recover_pods
 from pycrid.core.registrar import KeyedLocks
 from pycrid.core.stats_queries import StatsService
 from pycrid.events.monitor import ExitMonitor
 from pycrid.host.cgroups import probe as probe_cgroups
 from pycrid.images.image_service import ImageService
+from pycrid.network.netns_cni import NetnsCNI
 from pycrid.network.pod_networks import PodNetworks
 from pycrid.nri.adaptation.call_accounting import PluginInstruments
 from pycrid.oci.nri_host_probe import probe_host_support, runc_version
@@ -75,7 +78,7 @@ class CRIService:
         self,
         *,
         images: ImageService,
-        pods: PodManager,
+        pods: PodParts,
         containers: ContainerManager,
         runtime: ContainerRuntime,
         runtime_config: RuntimeConfig,
@@ -131,7 +134,7 @@ class CRIService:
         started = time.monotonic()
         states = await self.runtime.states()
         recorded = set(self.pods.store.ids()) | set(self.containers.store.ids())
-        to_check = await self.pods.recover(states, self.monitor.submit)
+        to_check = await recover_pods(self.pods, states, self.monitor.submit)
         await self.containers.recover(states, self.monitor.submit)
         # runc's view is from before recovery: the containers of records recovery rolled
         # back or removed are in it, gone by now, and no orphans.
@@ -156,7 +159,7 @@ class CRIService:
 
     async def _check_networks(self, ids: Sequence[str]) -> None:
         started = time.monotonic()
-        await self.pods.check_networks(ids)
+        await check_networks(self.pods, ids)
         log.info("checked the networks of %d pods in %.1f ms", len(ids),
                  (time.monotonic() - started) * 1000)
 
@@ -165,11 +168,11 @@ class CRIService:
         ctrs = set(self.containers.store.ids()) | {oid for oid, _ in
                                                     self.containers.store.broken}
         removed = await orphans.sweep(
-            layout=self.layout, pods=pods, containers=ctrs,
-            netns_in_use={r.netns for r in self.pods.store.all() if r.netns},
+            layout=self.layout, recorded=orphans.Recorded(
+                pods=pods, containers=ctrs,
+                netns={r.netns for r in self.pods.store.all() if r.netns}),
             runtime_ids=runtime_ids, snapshotter=self.images.snapshotter,
-            network=self.network, default_handler=self.runtime_config.default_runtime_name,
-            remove_sandbox=self.pods.controller.shutdown,
+            network=self.pods.network, remove_sandbox=self.pods.controller.shutdown,
             remove_container=self.containers.cleanup)
         for what in removed:
             log.warning("removed orphaned %s (no record owns it)", what)
@@ -190,13 +193,13 @@ class CRIService:
 
     def _exit_file(self, exit_: Exit) -> None:
         """From the watcher: wake waiters now, queue the rest for the monitor."""
-        self.pods.notify_exit(exit_)
+        notify_exit(self.pods, exit_)
         self.containers.notify_exit(exit_)
         self.monitor.submit(exit_)
 
     async def _handle_exit(self, exit_: Exit) -> None:
         if self.pods.store.get(exit_.id) is not None:
-            await self.pods.handle_exit(exit_)
+            await handle_exit(self.pods, exit_)
         else:
             await self.containers.handle_exit(exit_)
 
@@ -355,16 +358,15 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
         unset_seccomp_profile=runtime_config.unset_seccomp_profile, anchors=anchors)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"))
-    pods = PodManager(store=sandboxes, controller=controller, containers=containers,
-                      images=images, netns_dir=os.path.join(state, "netns"), locks=locks,
-                      nri=nri, network=network, events=events,
-                      handlers=runtime_config.runtimes.keys(),
-                      default_handler=runtime_config.default_runtime_name,
-                      userns_handlers=[n for n, h in (handlers or {}).items()
-                                       if h.features.user_namespaces],
-                      drop_infra=runtime_config.drop_infra_ctr and pinned is not None,
-                      podsandbox_handlers=[n for n, h in runtime_config.runtimes.items()
-                                           if h.sandboxer == "podsandbox"])
+    pods = PodParts(store=sandboxes, controller=controller, containers=containers,
+                    images=images, network=NetnsCNI(network, os.path.join(state, "netns")),
+                    locks=locks, nri=nri, events=events, handlers=PodHandlers.of(
+                        runtime_config.runtimes.keys(), runtime_config.default_runtime_name,
+                        userns=[n for n, h in (handlers or {}).items()
+                                if h.features.user_namespaces],
+                        drop_infra=runtime_config.drop_infra_ctr and pinned is not None,
+                        podsandbox=[n for n, h in runtime_config.runtimes.items()
+                                    if h.sandboxer == "podsandbox"]))
     stats = StatsService(pods=pods, containers=containers, snapshotter=images.snapshotter,
                          period=float(runtime_config.stats_collect_period), cgroup_driver=driver,
                          anchor=anchors.of)

@@ -6,13 +6,13 @@ record lost with a broken database row, a bug, a state dir copied over): any
 bundle, volume dir, exit file, runc container, writable snapshot, image volume
 view (by its container's id), conmon process, pinned netns or CNI cache entry
 named for an id that is neither a known pod nor a known container is removed
-with the same cleanup functions a removal uses. It runs after record recovery
-and before the gate opens.
+with the same cleanup functions a removal uses (the network's traces by the pod
+network itself, ``SandboxNetwork.sweep``). It runs after record recovery and
+before the gate opens.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -20,11 +20,8 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from cri_api.v1 import api_pb2 as pb
-
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
-from pycrid.network.netns import remove_netns
-from pycrid.network.pod_networks import PodNetworks
+from pycrid.network.sandbox_network import SandboxNetwork
 from pycrid.runtime import image_volumes
 
 log = logging.getLogger(__name__)
@@ -43,6 +40,15 @@ class Layout:
 
     def container_dirs(self) -> list[str]:
         return [os.path.join(self.state, "containers"), os.path.join(self.root, "containers")]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the records own: pod ids, container ids, and the netns paths of pods."""
+
+    pods: set[str]
+    containers: set[str]
+    netns: set[str]
 
 
 def _names(directory: str) -> set[str]:
@@ -73,13 +79,12 @@ def conmon_processes(exit_dir: str) -> dict[int, str]:
     return found
 
 
-async def sweep(*, layout: Layout, pods: set[str], containers: set[str],
-                netns_in_use: set[str], runtime_ids: set[str], snapshotter: Snapshotter,
-                network: PodNetworks, default_handler: str,
+async def sweep(*, layout: Layout, recorded: Recorded, runtime_ids: set[str],
+                snapshotter: Snapshotter, network: SandboxNetwork,
                 remove_sandbox: Callable[[str], Awaitable[None]],
                 remove_container: Callable[[str], Awaitable[None]]) -> list[str]:
     """Remove every trace of unknown ids; returns what was removed (for the log)."""
-    known = pods | containers
+    known = recorded.pods | recorded.containers
     removed: list[str] = []
     sandbox_ids = set().union(*(_names(d) for d in layout.sandbox_dirs())) - known
     container_ids = set().union(*(_names(d) for d in layout.container_dirs()))
@@ -98,17 +103,5 @@ async def sweep(*, layout: Layout, pods: set[str], containers: set[str],
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             removed.append(f"conmon {pid} of {cid}")
-    netns_dir = os.path.join(layout.state, "netns")
-    for name in sorted(_names(netns_dir)):
-        path = os.path.join(netns_dir, name)
-        if path not in netns_in_use:
-            await asyncio.to_thread(remove_netns, path)
-            removed.append(f"netns {path}")
-    for sid in sorted(network.cache.owners() - pods):
-        # Tear down from the cached config and result alone (no netns left to fall back on).
-        with contextlib.suppress(Exception):
-            await network.detach(sid, "", pb.PodSandboxConfig(), default_handler,
-                                 netns_alive=False)
-        network.cache.purge(sid)
-        removed.append(f"CNI attachment of {sid}")
+    removed += await network.sweep(recorded.pods, recorded.netns)
     return removed

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Iterator
-from typing import Any, TypeVar
+from typing import NoReturn, TypeVar
 
 from pycrid.stdio import StreamError
+from pycrid.tasks import race
 
 T = TypeVar("T")
 
@@ -40,15 +41,9 @@ class SessionEnds:
 async def until_ended(work: Awaitable[T], ended: asyncio.Future[str]) -> T:
     """``work``'s result, unless ``ended`` comes first: then ``work`` is cancelled (which
     kills an exec) and the reason raised as a StreamError."""
-    task = asyncio.ensure_future(work)
-    try:
-        first: list[asyncio.Future[Any]] = [task, ended]
-        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if not task.cancelled():
-        return task.result()
-    raise StreamError(ended.result())
+    return await race(work, _raise_when(ended))
+
+
+async def _raise_when(ended: asyncio.Future[str]) -> NoReturn:
+    # Shielded: losing the race cancels this waiter, never the session's own future.
+    raise StreamError(await asyncio.shield(ended))

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.containers import ContainerManager
-from pycrid.core.pods import PodManager
+from pycrid.core.pods.pod_parts import PodParts
+from pycrid.core.pods.status import list_pods
 from pycrid.errors import Unavailable
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.spec import CgroupDriver, cgroups_path
@@ -58,7 +59,7 @@ class PodStatsView:
 
 
 class StatsService:
-    def __init__(self, *, pods: PodManager, containers: ContainerManager,
+    def __init__(self, *, pods: PodParts, containers: ContainerManager,
                  snapshotter: Snapshotter, period: float, cgroup_driver: CgroupDriver,
                  anchor: Callable[[SandboxRecord], SandboxAnchor],
                  hierarchy: Hierarchy | None = None) -> None:
@@ -177,7 +178,7 @@ class StatsService:
         if flt is not None:
             pflt.id = flt.id
             pflt.label_selector.update(flt.label_selector)
-        return [await self._pod_view(r) for r in self.pods.list(pflt)]
+        return [await self._pod_view(r) for r in list_pods(self.pods, pflt)]
 
     # ---- metrics ----------------------------------------------------------------------------
 
@@ -190,7 +191,7 @@ class StatsService:
         series); containers that are not running are left out (nothing measured)."""
         now = time.time_ns()
         out = []
-        for rec in self.pods.list(pb.PodSandboxFilter(
+        for rec in list_pods(self.pods, pb.PodSandboxFilter(
                 state=pb.PodSandboxStateValue(state=pb.SANDBOX_READY))):
             view = await self._pod_view(rec)
             md = rec.config.metadata

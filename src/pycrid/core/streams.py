@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.containers import ContainerManager, state_name
-from pycrid.core.pods import PodManager
+from pycrid.core.pods.pod_parts import PodParts
 from pycrid.core.sessions import until_ended
 from pycrid.errors import FailedPrecondition, InvalidArgument
-from pycrid.network.netns import connect_in
+from pycrid.network.sandbox_network import SandboxNetwork
 from pycrid.runtime.bundle import read_spec
 from pycrid.stdio import (
     AttachRequest,
@@ -31,6 +31,7 @@ from pycrid.stdio import (
     StreamError,
 )
 from pycrid.store.records import ContainerRecord, SandboxRecord
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def _check_stdio(tty: bool, stdin: bool, stdout: bool, stderr: bool) -> None:
 
 
 class ContainerStreams:
-    def __init__(self, containers: ContainerManager, pods: PodManager) -> None:
+    def __init__(self, containers: ContainerManager, pods: PodParts) -> None:
         self.containers = containers
         self.pods = pods
         self.sessions = containers.sessions
@@ -124,7 +125,7 @@ class ContainerStreams:
     async def port_forward(self, sandbox_id: str, port: int, stream: ByteStream) -> None:
         rec = self._session_pod(sandbox_id)
         with self.sessions.track(rec.id) as ended:
-            await until_ended(_forward(rec, port, stream), ended)
+            await until_ended(_forward(self.pods.network, rec, port, stream), ended)
 
     def _session_pod(self, sid: str) -> SandboxRecord:
         rec = self.pods.store.get(sid)
@@ -135,11 +136,12 @@ class ContainerStreams:
         return rec
 
 
-async def _forward(rec: SandboxRecord, port: int, stream: ByteStream) -> None:
+async def _forward(network: SandboxNetwork, rec: SandboxRecord, port: int,
+                   stream: ByteStream) -> None:
     """Copy between the client and ``localhost:port`` in the pod's network namespace
     (IPv4, then IPv6, as containerd dials)."""
     try:
-        sock = await connect_in(rec.netns or None, port)
+        sock = await network.dial(rec.netns, port)
     except OSError as e:
         where = f"network namespace {rec.netns}" if rec.netns else "the host network"
         raise StreamError(f"failed to connect to localhost:{port} inside {where}: "
@@ -159,12 +161,13 @@ async def _forward(rec: SandboxRecord, port: int, stream: ByteStream) -> None:
             while data := await reader.read(65536):
                 await stream.write(data)
 
-    up, down = asyncio.create_task(upstream()), asyncio.create_task(downstream())
+    # The pod's side sets the pace: once it closed, the client's side gets the linger to
+    # finish sending, then both end.
+    pumps = Owner(f"port-forward {rec.id[:12]}:{port}")
+    up = pumps.spawn(upstream(), "client to pod")
     try:
-        await down
+        await downstream()
         await asyncio.wait({up}, timeout=FORWARD_LINGER)
     finally:
-        for task in (up, down):
-            task.cancel()
-        await asyncio.gather(up, down, return_exceptions=True)
+        await pumps.aclose()
         writer.close()

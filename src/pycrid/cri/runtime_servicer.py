@@ -10,6 +10,11 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.cri_service import KUBE_API_VERSION, CRIService
+from pycrid.core.pods.remove import remove_pod
+from pycrid.core.pods.run import run_pod
+from pycrid.core.pods.status import list_pods, pod_details
+from pycrid.core.pods.stop import stop_pod
+from pycrid.core.pods.update_resources import update_pod_resources
 from pycrid.core.streams import ContainerStreams
 from pycrid.cri import record_messages as convert
 from pycrid.cri import stats_messages as stats_pb
@@ -58,15 +63,15 @@ class RuntimeServicer:
     # ---- pod sandboxes -----------------------------------------------------------------
 
     async def RunPodSandbox(self, request: Any, context: Any) -> Any:
-        sid = await self.core.pods.run(request.config, request.runtime_handler)
+        sid = await run_pod(self.core.pods, request.config, request.runtime_handler)
         return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
 
     async def StopPodSandbox(self, request: Any, context: Any) -> Any:
-        await self.core.pods.stop(request.pod_sandbox_id)
+        await stop_pod(self.core.pods, request.pod_sandbox_id)
         return pb.StopPodSandboxResponse()
 
     async def RemovePodSandbox(self, request: Any, context: Any) -> Any:
-        await self.core.pods.remove(request.pod_sandbox_id)
+        await remove_pod(self.core.pods, request.pod_sandbox_id)
         return pb.RemovePodSandboxResponse()
 
     async def PodSandboxStatus(self, request: Any, context: Any) -> Any:
@@ -74,7 +79,7 @@ class RuntimeServicer:
         resp = pb.PodSandboxStatusResponse(status=convert.sandbox_status_pb(rec),
                                            timestamp=time.time_ns())
         if request.verbose:
-            resp.info.update(convert.verbose_info(rec, await self.core.pods.details(rec)))
+            resp.info.update(convert.verbose_info(rec, await pod_details(self.core.pods, rec)))
             resp.containers_statuses.extend(
                 convert.container_status_pb(c) for c in self.core.containers.of_sandbox(rec.id))
         return resp
@@ -82,7 +87,7 @@ class RuntimeServicer:
     async def ListPodSandbox(self, request: Any, context: Any) -> Any:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListPodSandboxResponse(items=self._pod_msgs.messages(
-            self.core.pods.list(flt), complete=_selects_all(flt)))
+            list_pods(self.core.pods, flt), complete=_selects_all(flt)))
 
     # ---- containers --------------------------------------------------------------------
 
@@ -143,8 +148,8 @@ class RuntimeServicer:
         return pb.UpdateContainerResourcesResponse()
 
     async def UpdatePodSandboxResources(self, request: Any, context: Any) -> Any:
-        await self.core.pods.update_resources(
-            request.pod_sandbox_id,
+        await update_pod_resources(
+            self.core.pods, request.pod_sandbox_id,
             request.overhead if request.HasField("overhead") else None,
             request.resources if request.HasField("resources") else None)
         return pb.UpdatePodSandboxResourcesResponse()

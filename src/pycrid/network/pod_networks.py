@@ -28,6 +28,7 @@ from pycrid.network.cni import CNINetwork, NotReady
 from pycrid.network.cni_args import EGRESS_ANNOTATION, INGRESS_ANNOTATION, attachment
 from pycrid.network.invoke import PluginError
 from pycrid.network.template import TemplateError, render
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class PodNetworks:
         for name, rt in runtimes.items():
             if rt.cni_conf_dir:
                 self._by_handler[name] = self._network(rt.cni_conf_dir, rt.cni_max_conf_num)
-        self._tasks: list[asyncio.Task[None]] = []
+        #: The watch task of each directory.
+        self._watches = Owner("CNI conf dirs")
 
     def _network(self, conf_dir: str, max_conf_num: int) -> CNINetwork:
         if conf_dir not in self._by_dir:
@@ -73,16 +75,10 @@ class PodNetworks:
                 os.makedirs(net.conf_dir, mode=0o755, exist_ok=True)
             ino = _try_watch(net.conf_dir)
             await net.load()
-            self._tasks.append(asyncio.create_task(self._watch(net, ino),
-                                                   name=f"cni-watch {net.conf_dir}"))
+            self._watches.spawn(self._watch(net, ino), f"cni-watch {net.conf_dir}")
 
     async def aclose(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks.clear()
+        await self._watches.aclose()
 
     async def _watch(self, net: CNINetwork, ino: inotify.Inotify | None) -> None:
         """Reload on every change; while the directory is gone, look for it every second."""

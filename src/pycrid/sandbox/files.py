@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import socket
+from dataclasses import dataclass
 
 from cri_api.v1 import api_pb2 as pb
 
@@ -40,13 +41,25 @@ def resolv_conf(dns: pb.DNSConfig | None, host_file: str = "/etc/resolv.conf") -
     return "".join(line + "\n" for line in lines).encode()
 
 
+@dataclass(frozen=True)
+class HostFiles:
+    """The node's files a pod's own copies start from (tests point them elsewhere)."""
+
+    hosts: str = "/etc/hosts"
+    resolv: str = "/etc/resolv.conf"
+
+
+#: The node's own /etc/hosts and /etc/resolv.conf.
+NODE_FILES = HostFiles()
+
+
 class PodFiles:
-    def __init__(self, root_dir: str, state_dir: str, *, hosts_file: str = "/etc/hosts",
-                 resolv_file: str = "/etc/resolv.conf") -> None:
+    def __init__(self, root_dir: str, state_dir: str,
+                 host_files: HostFiles = NODE_FILES) -> None:
         self.root_dir = os.path.join(root_dir, "sandboxes")
         self.state_dir = os.path.join(state_dir, "sandboxes")
-        self.hosts_file = hosts_file
-        self.resolv_file = resolv_file
+        self.hosts_file = host_files.hosts
+        self.resolv_file = host_files.resolv
         for d in (self.root_dir, self.state_dir):
             os.makedirs(d, mode=0o711, exist_ok=True)
 

@@ -42,7 +42,7 @@ from pycrid.sandbox.controller import (
     SandboxState,
     SandboxStatus,
 )
-from pycrid.sandbox.files import PodFiles
+from pycrid.sandbox.files import NODE_FILES, HostFiles, PodFiles
 from pycrid.store.records import SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def own_oom_score_adj() -> int:
 class PauseController(SandboxController):
     def __init__(self, *, runtime: ContainerRuntime, snapshotter: Snapshotter, root_dir: str,
                  state_dir: str, cgroup_driver: CgroupDriver = "auto",
-                 hosts_file: str = "/etc/hosts", resolv_file: str = "/etc/resolv.conf",
+                 host_files: HostFiles = NODE_FILES,
                  handlers: Mapping[str, HandlerSpec] | None = None,
                  unset_seccomp_profile: str = "") -> None:
         self.runtime = runtime
@@ -70,8 +70,7 @@ class PauseController(SandboxController):
         #: Created sandboxes not started yet, with their handler.
         self._handler_of: dict[str, str] = {}
         self.snapshotter = snapshotter
-        self.pod_files = PodFiles(root_dir, state_dir, hosts_file=hosts_file,
-                                  resolv_file=resolv_file)
+        self.pod_files = PodFiles(root_dir, state_dir, host_files)
         self.cgroup_driver = cgroup_driver
         self.waiters = ExitWaiters(runtime.exit_of)
         self.min_oom_score_adj = own_oom_score_adj()

@@ -41,7 +41,7 @@ from pycrid.sandbox.controller import (
     SandboxState,
     SandboxStatus,
 )
-from pycrid.sandbox.files import PodFiles
+from pycrid.sandbox.files import NODE_FILES, HostFiles, PodFiles
 from pycrid.stats.cgroup_hierarchy import Hierarchy, relative_cgroup
 from pycrid.store.records import SandboxRecord
 
@@ -64,10 +64,9 @@ def _sethostname(name: str) -> None:
 
 class PinnedController(SandboxController):
     def __init__(self, *, root_dir: str, state_dir: str, cgroups: Hierarchy,
-                 cgroup_driver: CgroupDriver = "cgroupfs", hosts_file: str = "/etc/hosts",
-                 resolv_file: str = "/etc/resolv.conf") -> None:
-        self.pod_files = PodFiles(root_dir, state_dir, hosts_file=hosts_file,
-                                  resolv_file=resolv_file)
+                 cgroup_driver: CgroupDriver = "cgroupfs",
+                 host_files: HostFiles = NODE_FILES) -> None:
+        self.pod_files = PodFiles(root_dir, state_dir, host_files)
         self.cgroups = cgroups
         self.cgroup_driver = cgroup_driver
         #: The pid of the container that stands for each pod now (see stand_in).

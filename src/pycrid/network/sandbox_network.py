@@ -1,0 +1,74 @@
+"""What the core needs of a pod's network, as one interface (the network's side of the
+sandbox, as sandbox/controller.py is the runtime's side).
+
+The core never calls netns or CNI functions itself: it asks this interface for a netns
+path (recorded before anything is made, so a crash leaves a record that names it),
+makes and pins the netns, sets the pod's network up and tears it down, reads its state
+back, and dials a port inside it for port-forward. ``NetnsCNI`` (network/netns_cni.py)
+implements it with pinned netns files and CNI.
+"""
+
+from __future__ import annotations
+
+import abc
+import socket
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+
+
+class SandboxNetwork(abc.ABC):
+    @abc.abstractmethod
+    def validate(self, config: pb.PodSandboxConfig) -> None:
+        """Refuse a config the network could not honour (unreadable bandwidth limits),
+        before any side effect."""
+
+    # ---- the network namespace ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def new_netns_path(self) -> str:
+        """Where a new pod's netns will be pinned (nothing is made yet)."""
+
+    @abc.abstractmethod
+    async def create_netns(self, path: str) -> None:
+        """Create a network namespace pinned at ``path``, loopback up."""
+
+    @abc.abstractmethod
+    async def remove_netns(self, path: str) -> None:
+        """Unpin and delete it (nothing to do if it is gone)."""
+
+    @abc.abstractmethod
+    def netns_pinned(self, path: str) -> bool:
+        """Whether the file at ``path`` still holds its namespace."""
+
+    # ---- the pod network (CNI) ---------------------------------------------------------
+
+    @abc.abstractmethod
+    async def set_up(self, sandbox_id: str, netns: str, config: pb.PodSandboxConfig,
+                     handler: str) -> list[str]:
+        """Attach the pod to its network; its IPs. A failed or cancelled set-up undoes
+        itself."""
+
+    @abc.abstractmethod
+    async def tear_down(self, sandbox_id: str, netns: str, config: pb.PodSandboxConfig,
+                        handler: str) -> None:
+        """Detach the pod, if anything is attached (idempotent)."""
+
+    @abc.abstractmethod
+    async def check(self, sandbox_id: str, netns: str, handler: str) -> str | None:
+        """None if the pod's network is fine, else what is wrong."""
+
+    @abc.abstractmethod
+    def results(self, sandbox_id: str) -> dict[str, Any]:
+        """What set-up reported, by interface name (PodSandboxStatus verbose info)."""
+
+    # ---- port-forward and start-up -----------------------------------------------------
+
+    @abc.abstractmethod
+    async def dial(self, netns: str, port: int) -> socket.socket:
+        """A connection to ``localhost:port`` inside ``netns`` ("": the host network)."""
+
+    @abc.abstractmethod
+    async def sweep(self, pods: set[str], netns_in_use: set[str]) -> list[str]:
+        """At start-up: remove every netns and attachment no known pod owns; returns what
+        was removed (for the log)."""
