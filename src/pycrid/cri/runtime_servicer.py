@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import cast
@@ -15,6 +14,7 @@ from pycrid.core.streams import ContainerStreams
 from pycrid.cri import record_messages as convert
 from pycrid.cri import stats_messages as stats_pb
 from pycrid.cri.handler_types import Context
+from pycrid.cri.status_json import status_info_map
 from pycrid.streaming.server import StreamServer
 
 
@@ -41,10 +41,8 @@ class RuntimeServicer:
                      context: Context[pb.StatusRequest, pb.StatusResponse]) -> pb.StatusResponse:
         conds = [pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason,
                                      message=c.message) for c in await self.core.conditions()]
-        info: dict[str, str] = {}
-        if request.verbose:
-            streaming: dict[str, str] = {"url": self.stream_server.base_url}
-            info = {**self.core.status_info(), "streaming": json.dumps(streaming)}
+        info = (status_info_map(self.core.status_info(), self.stream_server.base_url)
+                if request.verbose else {})
         handlers = [pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures(
             recursive_read_only_mounts=f.recursive_read_only_mounts,
             user_namespaces=f.user_namespaces)) for name, f in self.core.runtime_handlers()]
