@@ -35,7 +35,7 @@ def ask(socket_path: str, timeout: float = 10) -> Report:
     path = socket_path.removeprefix("unix://")
     try:
         with grpc.insecure_channel(f"unix://{path}") as channel:
-            stub = pb_grpc.RuntimeServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.RuntimeServiceStub(channel)
             ver = stub.Version(pb.VersionRequest(), timeout=timeout)
             st = stub.Status(pb.StatusRequest(verbose=True), timeout=timeout)
     except grpc.RpcError as e:

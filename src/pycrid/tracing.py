@@ -9,14 +9,15 @@ the global one, so several daemons in one test process do not mix.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from pycrid import __version__
 from pycrid.config.schema import TracingConfig
+from pycrid.cri.handler_types import Context, Req, Resp, Unary
 from pycrid.cri.instrument import status_of
 
 #: Request and response fields whose ids are cheap to put on a span.
@@ -49,11 +50,11 @@ class Tracing:
         """A span, child of the current one (an NRI plugin call inside its CRI call)."""
         return self.tracer.start_as_current_span(name, attributes=attributes)
 
-    def wrap_unary(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap_unary(self, method: str, fn: Unary[Req, Resp]) -> Unary[Req, Resp]:
         """``fn`` in a server span named ``method`` with the gRPC status code on it."""
         tracer = self.tracer
 
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call(request: Req, context: Context[Req, Resp]) -> Resp:
             with tracer.start_as_current_span(
                     method, kind=self._kind_server, record_exception=False,
                     set_status_on_exception=False,
@@ -63,9 +64,10 @@ class Tracing:
                     response = await fn(request, context)
                 except Exception as exc:
                     if isinstance(exc, grpc.aio.AbortError):
-                        code = context.code()
-                        if not isinstance(code, grpc.StatusCode):
-                            code = grpc.StatusCode.UNKNOWN
+                        # None (or an int) until a code is set, whatever the stubs say.
+                        found: object = context.code()
+                        code = (found if isinstance(found, grpc.StatusCode)
+                                else grpc.StatusCode.UNKNOWN)
                         msg = str(context.details() or "")
                     else:
                         code, msg = status_of(exc)
@@ -83,7 +85,7 @@ class Tracing:
         self.provider.shutdown()
 
 
-def _ids(span: Any, msg: Any) -> None:
+def _ids(span: Any, msg: Message) -> None:
     for field, attr in _ID_FIELDS:
         value = getattr(msg, field, "")
         if value and isinstance(value, str):

@@ -22,8 +22,8 @@ class Client:
     def __init__(self, endpoint: str) -> None:
         self.path = endpoint.removeprefix("unix://")
         self.channel = grpc.insecure_channel(f"unix://{self.path}")
-        self.runtime: Any = pb_grpc.RuntimeServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.images: Any = pb_grpc.ImageServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.runtime: Any = pb_grpc.RuntimeServiceStub(self.channel)
+        self.images: Any = pb_grpc.ImageServiceStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()

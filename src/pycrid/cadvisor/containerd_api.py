@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
 
 from pycrid import __version__, errors
 from pycrid.cadvisor import filters
@@ -36,7 +37,7 @@ _NAMESPACE_NAME = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
 _NAMESPACE_MAX = 76
 
 
-def namespace_of(context: grpc.aio.ServicerContext) -> str:
+def namespace_of(context: grpc.aio.ServicerContext[Message, Message]) -> str:
     """The call's containerd namespace: FailedPrecondition without one, InvalidArgument
     for a name containerd would refuse."""
     for key, value in context.invocation_metadata() or ():
@@ -124,7 +125,7 @@ def _wrap(full: str, fn: Callable[..., Any], streaming: bool) -> Callable[..., A
     cAdvisor asks about every cgroup on the node whose name carries a 64-hex id, other
     runtimes' included, so it is not logged (nor are those ids)."""
 
-    async def fail(exc: Exception, context: grpc.aio.ServicerContext) -> None:
+    async def fail(exc: Exception, context: grpc.aio.ServicerContext[Message, Message]) -> None:
         code, msg = status_of(exc)
         if code != grpc.StatusCode.NOT_FOUND:
             level = logging.ERROR if code == grpc.StatusCode.INTERNAL else logging.WARNING
@@ -133,7 +134,8 @@ def _wrap(full: str, fn: Callable[..., Any], streaming: bool) -> Callable[..., A
         await context.abort(code, msg)
 
     if streaming:
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def stream(request: Any, context: grpc.aio.ServicerContext[Message, Message],
+                         ) -> AsyncIterator[Any]:
             try:
                 async for item in fn(request, context):
                     yield item
@@ -144,7 +146,7 @@ def _wrap(full: str, fn: Callable[..., Any], streaming: bool) -> Callable[..., A
         return stream
 
     @functools.wraps(fn)
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Message, Message]) -> Any:
         try:
             return await fn(request, context)
         except grpc.aio.AbortError:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pycrid import __version__
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
@@ -32,6 +29,7 @@ from pycrid.core.pods.pod_parts import PodHandlers, PodParts
 from pycrid.core.pods.recover import check_networks, recover_pods
 from pycrid.core.registrar import KeyedLocks
 from pycrid.core.stats_queries import StatsService
+from pycrid.core.status_info import DaemonInfo, ImageInfo, NRIInfo, StatusInfo
 from pycrid.events.monitor import ExitMonitor
 from pycrid.host.cgroups import probe as probe_cgroups
 from pycrid.images.image_service import ImageService
@@ -215,49 +213,38 @@ class CRIService:
                                 f"Network plugin returns error: {why}")
         return [Condition("RuntimeReady", True), network]
 
-    def status_info(self) -> dict[str, str]:
-        """Status verbose info: the effective config, the CNI networks in use and the
-        start-up warnings, as JSON."""
-        return {
-            "config": json.dumps(_jsonable(self.config), sort_keys=True),
-            "cniconfig": json.dumps(self.network.describe()),
-            "warnings": json.dumps(self.warnings),
-            # What security-context fields can be honoured here (AppArmor and SELinux
-            # requests are refused or ignored on a host without them).
-            "hostSecurity": json.dumps({
-                "seccomp": self.containers.host_security.seccomp,
-                "apparmor": self.containers.host_security.apparmor,
-                "selinux": self.containers.host_security.selinux}),
+    def status_info(self) -> StatusInfo:
+        """What the daemon says about itself (``pycrid status``, Status verbose info): the
+        effective config, the CNI networks in use, the start-up warnings and more; the
+        CRI edge turns it into JSON."""
+        return StatusInfo(
+            config=self.config, cni=self.network.describe(), warnings=tuple(self.warnings),
+            # AppArmor and SELinux requests are refused or ignored on a host without them.
+            host_security=self.containers.host_security,
             # Counts by CRI state and the NRI plugins, for `pycrid status` / `nri plugins`.
-            "pods": json.dumps(self.pod_counts()),
-            "containers": json.dumps(self.container_counts()),
-            "nri": json.dumps(self._nri_info()),
-            "daemon": json.dumps(self._daemon_info()),
-            "images": json.dumps(self._image_info()),
-        }
+            pods=self.pod_counts(), containers=self.container_counts(),
+            nri=self._nri_info(), daemon=self._daemon_info(), images=self._image_info())
 
-    def _daemon_info(self) -> dict[str, Any]:
-        """Who and where: pid, start time, uptime, config file, directories, sockets."""
+    def _daemon_info(self) -> DaemonInfo:
         cfg = self.config
         nri = self.nri.adaptation
-        return {
-            "pid": os.getpid(),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
-            "uptime_seconds": round(time.monotonic() - self._started, 1),
-            "config_file": self.config_source, "root": cfg.root, "state": cfg.state,
-            "sockets": {
+        return DaemonInfo(
+            pid=os.getpid(),
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
+            uptime_seconds=round(time.monotonic() - self._started, 1),
+            config_file=self.config_source, root=cfg.root, state=cfg.state,
+            sockets={
                 "cri": cfg.grpc.address.removeprefix("unix://"),
                 "nri": "" if nri is None or nri.config.disable_connections
                 else nri.config.socket_path,
                 "metrics": cfg.metrics.address,
                 **self.sockets,
-            },
-        }
+            })
 
-    def _image_info(self) -> dict[str, Any]:
+    def _image_info(self) -> ImageInfo:
         images = self.images.store.list()
-        return {"count": len(images), "bytes": sum(i.size for i in images),
-                "sandbox_image": self.images.config.sandbox_image}
+        return ImageInfo(count=len(images), bytes=sum(i.size for i in images),
+                         sandbox_image=self.images.config.sandbox_image)
 
     def pod_counts(self) -> dict[str, int]:
         """Visible pods by CRI state name (every state, 0 included), from memory."""
@@ -273,13 +260,14 @@ class CRIService:
             counts[_CONTAINER_STATE_NAMES.get(int(rec.state), "CONTAINER_UNKNOWN")] += 1
         return counts
 
-    def _nri_info(self) -> dict[str, Any]:
+    def _nri_info(self) -> NRIInfo:
         adaptation = self.nri.adaptation
         if adaptation is None:
-            return {"enabled": False, "socket": "", "plugins": []}
+            return NRIInfo(enabled=False, socket="", plugins=())
         cfg = adaptation.config
-        return {"enabled": True, "socket": "" if cfg.disable_connections else cfg.socket_path,
-                "plugins": [p.describe() for p in adaptation.plugins if not p.closed]}
+        return NRIInfo(enabled=True,
+                       socket="" if cfg.disable_connections else cfg.socket_path,
+                       plugins=tuple(p.describe() for p in adaptation.plugins if not p.closed))
 
     async def update_runtime_config(self, pod_cidr: str) -> None:
         await self.network.update_pod_cidr(pod_cidr)
@@ -295,16 +283,6 @@ class CRIService:
 
     def cgroup_driver(self) -> str:
         return self.runtime_config.cgroup_driver
-
-
-def _jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    return obj
 
 
 def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeConfig,

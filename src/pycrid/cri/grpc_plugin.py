@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import grpc
 from cri_api.v1 import api_pb2 as pb
@@ -15,6 +16,7 @@ from pycrid.core.cri_service import CRIService
 from pycrid.core.streams import ContainerStreams
 from pycrid.cri.image_servicer import ImageServicer
 from pycrid.cri.instrument import Gate, Record, Tracer, instrumented_servicer
+from pycrid.cri.rpc_methods import service_named
 from pycrid.cri.runtime_servicer import RuntimeServicer
 from pycrid.streaming.server import StreamServer
 from pycrid.streaming.tls import server_context
@@ -49,14 +51,17 @@ class CRIPlugin:
             idle_timeout=float(server_config.stream_idle_timeout), tls=tls)
 
     def register(self, server: grpc.aio.Server) -> None:
-        services = pb.DESCRIPTOR.services_by_name
+        # The instrumented servicers have every method of their service, set by name.
         runtime = RuntimeServicer(self.core, self.streams, self.stream_server)
-        pb_grpc.add_RuntimeServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            instrumented_servicer(services["RuntimeService"], runtime, self.gate, self.record,
-                                  self.tracer), server)
-        pb_grpc.add_ImageServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            instrumented_servicer(services["ImageService"], ImageServicer(self.core), self.gate,
-                                  self.record, self.tracer), server)
+        pb_grpc.add_RuntimeServiceServicer_to_server(cast(
+            pb_grpc.RuntimeServiceServicer,
+            instrumented_servicer(service_named(pb.DESCRIPTOR, "RuntimeService"), runtime,
+                                  self.gate, self.record, self.tracer)), server)
+        pb_grpc.add_ImageServiceServicer_to_server(cast(
+            pb_grpc.ImageServiceServicer,
+            instrumented_servicer(service_named(pb.DESCRIPTOR, "ImageService"),
+                                  ImageServicer(self.core), self.gate, self.record,
+                                  self.tracer)), server)
 
     async def start(self) -> None:
         """Recover, then open the gate: until here every call answered UNAVAILABLE."""

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import cast
 
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.cri_service import CRIService
+from pycrid.cri.handler_types import Context
 from pycrid.errors import InvalidArgument
 from pycrid.images.auth import Credentials
 from pycrid.images.image_service import ImageView
 
 
-def _image_pb(v: ImageView) -> Any:
+def _image_pb(v: ImageView) -> pb.Image:
     img = pb.Image(
         id=v.record.id, repo_tags=v.repo_tags, repo_digests=v.repo_digests, size=v.record.size,
         username=v.username, pinned=v.pinned, spec=pb.ImageSpec(image=v.record.id),
@@ -24,7 +26,7 @@ def _image_pb(v: ImageView) -> Any:
     return img
 
 
-def _spec_image(spec: Any, what: str) -> str:
+def _spec_image(spec: pb.ImageSpec | None, what: str) -> str:
     if spec is None or not spec.image:
         raise InvalidArgument(f"{what}: image reference is empty")
     return str(spec.image)
@@ -34,22 +36,33 @@ class ImageServicer:
     def __init__(self, core: CRIService) -> None:
         self.core = core
 
-    async def ListImages(self, request: Any, context: Any) -> Any:
+    async def ListImages(
+        self, request: pb.ListImagesRequest,
+        context: Context[pb.ListImagesRequest, pb.ListImagesResponse],
+    ) -> pb.ListImagesResponse:
         ref = request.filter.image.image if request.HasField("filter") else ""
         views = self.core.images.list_images(ref)
         return pb.ListImagesResponse(images=[_image_pb(v) for v in views])
 
-    async def ImageStatus(self, request: Any, context: Any) -> Any:
+    async def ImageStatus(
+        self, request: pb.ImageStatusRequest,
+        context: Context[pb.ImageStatusRequest, pb.ImageStatusResponse],
+    ) -> pb.ImageStatusResponse:
         view = self.core.images.status(_spec_image(request.image, "ImageStatus"))
         if view is None:
             # The CRI says: an absent image is not an error, the image field stays unset.
             return pb.ImageStatusResponse()
-        info = {}
+        info: dict[str, str] = {}
         if request.verbose:
-            info["info"] = json.dumps(self.core.images.verbose_info(view.record))
+            # A JSON object (typed with Any in the image service).
+            verbose = cast("Mapping[str, object]", self.core.images.verbose_info(view.record))
+            info["info"] = json.dumps(verbose)
         return pb.ImageStatusResponse(image=_image_pb(view), info=info)
 
-    async def PullImage(self, request: Any, context: Any) -> Any:
+    async def PullImage(
+        self, request: pb.PullImageRequest,
+        context: Context[pb.PullImageRequest, pb.PullImageResponse],
+    ) -> pb.PullImageResponse:
         image = _spec_image(request.image, "PullImage")
         creds = None
         if request.HasField("auth"):
@@ -60,12 +73,18 @@ class ImageServicer:
         rec = await self.core.images.pull(image, creds)
         return pb.PullImageResponse(image_ref=rec.id)
 
-    async def RemoveImage(self, request: Any, context: Any) -> Any:
+    async def RemoveImage(
+        self, request: pb.RemoveImageRequest,
+        context: Context[pb.RemoveImageRequest, pb.RemoveImageResponse],
+    ) -> pb.RemoveImageResponse:
         # Idempotent per the CRI: removing an absent image succeeds.
         await self.core.images.remove(_spec_image(request.image, "RemoveImage"))
         return pb.RemoveImageResponse()
 
-    async def ImageFsInfo(self, request: Any, context: Any) -> Any:
+    async def ImageFsInfo(
+        self, request: pb.ImageFsInfoRequest,
+        context: Context[pb.ImageFsInfoRequest, pb.ImageFsInfoResponse],
+    ) -> pb.ImageFsInfoResponse:
         used, inodes, mountpoint = await self.core.images.fs_usage()
         usage = pb.FilesystemUsage(
             timestamp=time.time_ns(), fs_id=pb.FilesystemIdentifier(mountpoint=mountpoint))

@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Never, Protocol, cast
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
 
 from pycrid import errors
+from pycrid.cri.handler_types import Context, Req, Resp, Streaming, Unary
+from pycrid.cri.rpc_methods import rpc_service
 
 log = logging.getLogger("pycrid.cri")
 
 _CODES: dict[str, grpc.StatusCode] = {
-    name: getattr(grpc.StatusCode, name)
+    name: grpc.StatusCode[name]
     for name in (
         "NOT_FOUND", "ALREADY_EXISTS", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "UNAVAILABLE",
         "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
@@ -49,8 +51,11 @@ class Gate:
         self.ready = False
 
 
-def _unimplemented(full_name: str) -> Callable[..., Any]:
-    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+def _unimplemented(
+        full_name: str) -> Callable[[Message, Context[Message, Message]], Awaitable[Never]]:
+    """A handler that fits unary and streaming methods alike: it never answers."""
+
+    async def handler(request: Message, context: Context[Message, Message]) -> Never:
         raise errors.Unimplemented(f"{full_name} is not implemented by pycrid yet")
 
     return handler
@@ -61,7 +66,7 @@ Record = Callable[[str, str, float], None]
 
 
 class Tracer(Protocol):
-    def wrap_unary(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap_unary(self, method: str, fn: Unary[Req, Resp]) -> Unary[Req, Resp]:
         """``fn`` inside one span per call."""
 
 
@@ -76,21 +81,32 @@ def instrumented_servicer(
     unary calls in spans. Both are chosen here, once, so a daemon without tracing never
     makes even a no-op span.
     """
-    servicer = type(f"Instrumented{service.name}", (), {})()
-    for method in service.methods:
-        full = f"/{service.full_name}/{method.name}"
-        fn = getattr(impl, method.name, None) or _unimplemented(full)
-        streaming = bool(method.server_streaming)
-        if tracer is not None and not streaming:
-            fn = tracer.wrap_unary(method.name, fn)
-        setattr(servicer, method.name,
-                _wrap_stream(full, fn, gate, record) if streaming
-                else _wrap_unary(full, fn, gate, record))
+    rpc = rpc_service(service)
+    namespace: dict[str, object] = {}
+    cls: type[object] = type(f"Instrumented{rpc.name}", (), namespace)
+    servicer = cls()
+    for method in rpc.methods:
+        # grpc finds handlers by name: what ``impl`` has under each is taken on trust.
+        found = cast("object | None", getattr(impl, method.name, None))
+        wrapped: object
+        if method.server_streaming:
+            stream: Streaming[Message, Message] = (
+                cast("Streaming[Message, Message] | None", found)
+                or _unimplemented(method.path))
+            wrapped = _wrap_stream(method.path, stream, gate, record)
+        else:
+            fn: Unary[Message, Message] = (
+                cast("Unary[Message, Message] | None", found) or _unimplemented(method.path))
+            if tracer is not None:
+                fn = tracer.wrap_unary(method.name, fn)
+            wrapped = _wrap_unary(method.path, fn, gate, record)
+        setattr(servicer, method.name, wrapped)
     return servicer
 
 
-def _aborted_code(context: grpc.aio.ServicerContext) -> str:
-    code = context.code()
+def _aborted_code(context: Context[Req, Resp]) -> str:
+    # Typed as a StatusCode, but grpc answers None (or an int) until a code is set.
+    code: object = context.code()
     return code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"
 
 
@@ -102,7 +118,7 @@ def _begin(full: str, gate: Gate) -> str:
 
 
 async def _fail(full: str, rid: str, started: float, exc: BaseException,
-                context: grpc.aio.ServicerContext, record: Record | None) -> None:
+                context: Context[Req, Resp], record: Record | None) -> None:
     code, msg = status_of(exc)
     ms = (time.monotonic() - started) * 1000
     if record is not None:
@@ -115,12 +131,12 @@ async def _fail(full: str, rid: str, started: float, exc: BaseException,
     await context.abort(code, msg)
 
 
-def _wrap_unary(full: str, fn: Callable[..., Any], gate: Gate,
-                record: Record | None) -> Callable[..., Any]:
+def _wrap_unary(full: str, fn: Unary[Req, Resp], gate: Gate,
+                record: Record | None) -> Unary[Req, Resp]:
     name = full.rpartition("/")[2]
 
     @functools.wraps(fn)
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def call(request: Req, context: Context[Req, Resp]) -> Resp:
         started = time.monotonic()
         rid = "-"
         try:
@@ -143,11 +159,12 @@ def _wrap_unary(full: str, fn: Callable[..., Any], gate: Gate,
     return call
 
 
-def _wrap_stream(full: str, fn: Callable[..., Any], gate: Gate,
-                 record: Record | None) -> Callable[..., Any]:
+def _wrap_stream(
+    full: str, fn: Streaming[Req, Resp], gate: Gate, record: Record | None,
+) -> Callable[[Req, Context[Req, Resp]], AsyncIterator[Resp]]:
     name = full.rpartition("/")[2]
 
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def call(request: Req, context: Context[Req, Resp]) -> AsyncIterator[Resp]:
         started = time.monotonic()
         rid = "-"
         code = "OK"  # a stream counts at its end; a client going away cancels it
@@ -155,8 +172,8 @@ def _wrap_stream(full: str, fn: Callable[..., Any], gate: Gate,
             rid = _begin(full, gate)
             log.debug("stream", extra={"rpc": full, "request_id": rid})
             result = fn(request, context)
-            if inspect.iscoroutine(result):
-                result = await result
+            if not isinstance(result, AsyncIterator):
+                result = await result  # a coroutine that returns the stream
             async for item in result:
                 yield item
         except grpc.aio.AbortError:

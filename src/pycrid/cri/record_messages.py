@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Generic, TypeVar, cast
 
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
 
 from pycrid.core.events import ContainerEvent
 from pycrid.oci.resources import cri_resources
@@ -16,20 +17,21 @@ from pycrid.store.records import ContainerRecord, SandboxRecord
 RUNTIME_TYPE = "pycrid.runtime.v1.runc"
 
 Rec = TypeVar("Rec", SandboxRecord, ContainerRecord)
+Msg = TypeVar("Msg", bound=Message)
 
 
 def sandbox_state(rec: SandboxRecord) -> pb.PodSandboxState.ValueType:
     return pb.SANDBOX_READY if rec.ready else pb.SANDBOX_NOTREADY
 
 
-def sandbox_pb(rec: SandboxRecord) -> Any:
+def sandbox_pb(rec: SandboxRecord) -> pb.PodSandbox:
     return pb.PodSandbox(id=rec.id, metadata=rec.config.metadata, state=sandbox_state(rec),
                          created_at=rec.created_at, labels=rec.config.labels,
                          annotations=rec.config.annotations,
                          runtime_handler=rec.runtime_handler)
 
 
-def sandbox_status_pb(rec: SandboxRecord) -> Any:
+def sandbox_status_pb(rec: SandboxRecord) -> pb.PodSandboxStatus:
     status = pb.PodSandboxStatus(
         id=rec.id, metadata=rec.config.metadata, state=sandbox_state(rec),
         created_at=rec.created_at, network=pb.PodSandboxNetworkStatus(
@@ -42,13 +44,15 @@ def sandbox_status_pb(rec: SandboxRecord) -> Any:
     return status
 
 
-def verbose_info(rec: SandboxRecord | ContainerRecord, details: dict[str, Any]) -> dict[str, str]:
+def verbose_info(rec: SandboxRecord | ContainerRecord,
+                 details: Mapping[str, object]) -> dict[str, str]:
     """The ``info`` map of a verbose status: the core's details plus the request config."""
-    info = {**details, "runtimeType": RUNTIME_TYPE, "config": MessageToDict(rec.config)}
+    config = cast("dict[str, object]", MessageToDict(rec.config))
+    info = {**details, "runtimeType": RUNTIME_TYPE, "config": config}
     return {"info": json.dumps(info)}
 
 
-def container_pb(rec: ContainerRecord) -> Any:
+def container_pb(rec: ContainerRecord) -> pb.Container:
     # ListContainers: image_ref and image_id are the image id (containerd does the same).
     return pb.Container(id=rec.id, pod_sandbox_id=rec.sandbox_id, metadata=rec.config.metadata,
                         image=rec.config.image, image_ref=rec.image_id, image_id=rec.image_id,
@@ -56,7 +60,7 @@ def container_pb(rec: ContainerRecord) -> Any:
                         annotations=rec.config.annotations)
 
 
-def container_status_pb(rec: ContainerRecord) -> Any:
+def container_status_pb(rec: ContainerRecord) -> pb.ContainerStatus:
     state = rec.state
     status = pb.ContainerStatus(
         id=rec.id, metadata=rec.config.metadata, state=state, created_at=rec.created_at,
@@ -73,12 +77,12 @@ def container_status_pb(rec: ContainerRecord) -> Any:
     status.user.linux.uid = rec.uid
     status.user.linux.gid = rec.gid
     status.user.linux.supplemental_groups.extend(rec.groups)
-    status.resources.linux.CopyFrom(cri_resources(rec.resources))  # §3: from the spec
+    # §3: from the spec (the record keeps it as JSON)
+    status.resources.linux.CopyFrom(cri_resources(cast("dict[str, object]", rec.resources)))
     return status
 
 
-
-def container_event_pb(event: ContainerEvent) -> Any:
+def container_event_pb(event: ContainerEvent) -> pb.ContainerEventResponse:
     """A GetContainerEvents item: the pod and its containers as they were at the event."""
     resp = pb.ContainerEventResponse(
         container_id=event.container_id, container_event_type=event.kind,
@@ -89,7 +93,7 @@ def container_event_pb(event: ContainerEvent) -> Any:
     return resp
 
 
-class MessageCache(Generic[Rec]):
+class MessageCache(Generic[Rec, Msg]):
     """The List answer's message of each record, converted again only when the record
     changed. Records are frozen (a change is a new object), so identity says "unchanged".
 
@@ -98,15 +102,15 @@ class MessageCache(Generic[Rec]):
     An unfiltered list (the kubelet's relist, every second) replaces the map, which drops
     the entries of removed records."""
 
-    def __init__(self, convert: Callable[[Rec], Any]) -> None:
-        self._convert: Callable[[Rec], Any] = convert
-        self._by_id: dict[str, tuple[Rec, Any]] = {}
+    def __init__(self, convert: Callable[[Rec], Msg]) -> None:
+        self._convert: Callable[[Rec], Msg] = convert
+        self._by_id: dict[str, tuple[Rec, Msg]] = {}
 
-    def messages(self, recs: Iterable[Rec], *, complete: bool) -> list[Any]:
+    def messages(self, recs: Iterable[Rec], *, complete: bool) -> list[Msg]:
         """Messages of ``recs``; ``complete``: these are all the records there are."""
         old = self._by_id
-        fresh: dict[str, tuple[Rec, Any]] = {} if complete or len(old) > _CACHE_LIMIT else old
-        out = []
+        fresh: dict[str, tuple[Rec, Msg]] = {} if complete or len(old) > _CACHE_LIMIT else old
+        out: list[Msg] = []
         for rec in recs:
             hit = old.get(rec.id)
             if hit is None or hit[0] is not rec:

@@ -12,8 +12,6 @@ addCRIPod* helpers); container log usage it measures itself, CRI has no field.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.stats_queries import ContainerStatsView, PodStatsView
@@ -23,15 +21,15 @@ from pycrid.stats.metrics import COUNTER, Descriptor, MetricValue
 from pycrid.stats.netdev import InterfaceCounters, default_interface
 
 
-def _u64(value: int) -> Any:
+def _u64(value: int) -> pb.UInt64Value:
     return pb.UInt64Value(value=max(int(value), 0))
 
 
-def _psi_data(d: PsiData) -> Any:
+def _psi_data(d: PsiData) -> pb.PsiData:
     return pb.PsiData(Total=d.total_us * 1000, Avg10=d.avg10, Avg60=d.avg60, Avg300=d.avg300)
 
 
-def psi_pb(psi: Psi | None) -> Any:
+def psi_pb(psi: Psi | None) -> pb.PsiStats | None:
     if psi is None:
         return None
     out = pb.PsiStats()
@@ -42,7 +40,7 @@ def psi_pb(psi: Psi | None) -> Any:
     return out
 
 
-def cpu_pb(cg: CgroupStats, timestamp: int, nano_cores: int | None) -> Any:
+def cpu_pb(cg: CgroupStats, timestamp: int, nano_cores: int | None) -> pb.CpuUsage | None:
     if cg.cpu_ns is None:
         return None
     cpu = pb.CpuUsage(timestamp=timestamp, usage_core_nano_seconds=_u64(cg.cpu_ns),
@@ -52,7 +50,7 @@ def cpu_pb(cg: CgroupStats, timestamp: int, nano_cores: int | None) -> Any:
     return cpu
 
 
-def memory_pb(cg: CgroupStats, timestamp: int) -> Any:
+def memory_pb(cg: CgroupStats, timestamp: int) -> pb.MemoryUsage | None:
     if cg.memory_usage is None:
         return None
     mem = pb.MemoryUsage(
@@ -63,7 +61,7 @@ def memory_pb(cg: CgroupStats, timestamp: int) -> Any:
     return mem
 
 
-def swap_pb(cg: CgroupStats, timestamp: int) -> Any:
+def swap_pb(cg: CgroupStats, timestamp: int) -> pb.SwapUsage | None:
     if cg.swap is None:
         return None
     swap = pb.SwapUsage(timestamp=timestamp, swap_usage_bytes=_u64(cg.swap))
@@ -72,14 +70,14 @@ def swap_pb(cg: CgroupStats, timestamp: int) -> Any:
     return swap
 
 
-def io_pb(cg: CgroupStats, timestamp: int) -> Any:
+def io_pb(cg: CgroupStats, timestamp: int) -> pb.IoUsage | None:
     """CRI's IoUsage carries pressure only; none without it (cgroup v1 alone)."""
     if cg.io_psi is None:
         return None
     return pb.IoUsage(timestamp=timestamp, psi=psi_pb(cg.io_psi))
 
 
-def container_stats_pb(view: ContainerStatsView) -> Any:
+def container_stats_pb(view: ContainerStatsView) -> pb.ContainerStats:
     rec = view.record
     cs = pb.ContainerStats(attributes=pb.ContainerAttributes(
         id=rec.id, metadata=rec.config.metadata, labels=rec.config.labels,
@@ -103,13 +101,13 @@ def container_stats_pb(view: ContainerStatsView) -> Any:
     return cs
 
 
-def _iface_pb(i: InterfaceCounters) -> Any:
+def _iface_pb(i: InterfaceCounters) -> pb.NetworkInterfaceUsage:
     return pb.NetworkInterfaceUsage(name=i.name, rx_bytes=_u64(i.rx_bytes),
                                     rx_errors=_u64(i.rx_errors), tx_bytes=_u64(i.tx_bytes),
                                     tx_errors=_u64(i.tx_errors))
 
 
-def pod_stats_pb(view: PodStatsView) -> Any:
+def pod_stats_pb(view: PodStatsView) -> pb.PodSandboxStats:
     rec = view.record
     linux = pb.LinuxPodSandboxStats()
     ts = view.timestamp
@@ -135,18 +133,18 @@ def pod_stats_pb(view: PodStatsView) -> Any:
         linux=linux)
 
 
-def descriptor_pb(d: Descriptor) -> Any:
+def descriptor_pb(d: Descriptor) -> pb.MetricDescriptor:
     return pb.MetricDescriptor(name=d.name, help=d.help, label_keys=list(d.label_keys))
 
 
-def metric_pb(m: MetricValue) -> Any:
+def metric_pb(m: MetricValue) -> pb.Metric:
     return pb.Metric(name=m.name, timestamp=m.timestamp,
                      metric_type=pb.COUNTER if m.type == COUNTER else pb.GAUGE,
                      label_values=list(m.label_values), value=_u64(m.value))
 
 
 def pod_metrics_pb(pod_id: str, pod_series: list[MetricValue],
-                   containers: list[tuple[str, list[MetricValue]]]) -> Any:
+                   containers: list[tuple[str, list[MetricValue]]]) -> pb.PodSandboxMetrics:
     return pb.PodSandboxMetrics(
         pod_sandbox_id=pod_id, metrics=[metric_pb(m) for m in pod_series],
         container_metrics=[pb.ContainerMetrics(container_id=cid,

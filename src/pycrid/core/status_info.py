@@ -1,0 +1,61 @@
+"""What the daemon says about itself (``pycrid status``, the verbose CRI ``Status``): plain
+data from the core. How it is shown (JSON strings in the CRI info map) is the edge's
+business, in cri/status_json.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pycrid.config.schema import Config
+from pycrid.oci.security import HostSecurity
+
+
+@dataclass(frozen=True)
+class DaemonInfo:
+    """Who and where: pid, start time, uptime, config file, directories, sockets."""
+
+    pid: int
+    #: UTC, ISO 8601 to the second.
+    started_at: str
+    uptime_seconds: float
+    #: Empty: the embedded defaults.
+    config_file: str
+    root: str
+    state: str
+    #: By name: cri, nri ("" when it serves none), metrics, and those of other plugins.
+    sockets: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    count: int
+    bytes: int
+    sandbox_image: str
+
+
+@dataclass(frozen=True)
+class NRIInfo:
+    enabled: bool
+    #: "" when NRI is off or takes no external plugins.
+    socket: str
+    #: Each connected plugin's own description (name, index, events, call counts).
+    plugins: tuple[Mapping[str, object], ...]
+
+
+@dataclass(frozen=True)
+class StatusInfo:
+    #: The effective config.
+    config: Config
+    #: The CNI networks in use, in containerd's ``cniconfig`` shape.
+    cni: Mapping[str, object]
+    #: Start-up warnings.
+    warnings: tuple[str, ...]
+    #: What security-context fields can be honoured here.
+    host_security: HostSecurity
+    #: Visible pods and containers by CRI state name, every state (0 included).
+    pods: Mapping[str, int]
+    containers: Mapping[str, int]
+    nri: NRIInfo
+    daemon: DaemonInfo
+    images: ImageInfo
