@@ -5,37 +5,10 @@
 # environment is pinned to).
 #   scripts/gen-proto.sh [output-dir]    (default: src, i.e. in place)
 #
-# With --cri-stubs, regenerate instead the type stubs of the CRI package
-# (container-runtime-interface-api, which ships no stubs for its gRPC module) into stubs/,
-# where mypy_path finds them. Needs the [stubgen] extras (mypy-protobuf) and the CRI api.proto
-# of the pinned package: a path to it, or downloaded from kubernetes/cri-api at $CRI_API_REF.
-#   scripts/gen-proto.sh --cri-stubs [api.proto]
+# The CRI package's type stubs (stubs/cri_api) come from scripts/gen_cri_stubs.py instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
-
-if [ "${1:-}" = --cri-stubs ]; then
-  # The cri-api tag whose api.proto compiles to exactly the descriptor that
-  # container-runtime-interface-api 2.0.1 carries (checked below).
-  ref=${CRI_API_REF:-v0.34.0-beta.0}
-  work=$(mktemp -d)
-  trap 'rm -rf "$work"' EXIT
-  mkdir -p "$work/cri_api/v1"
-  if [ -n "${2:-}" ]; then
-    cp "$2" "$work/cri_api/v1/api.proto"
-  else
-    curl -fsSL -o "$work/cri_api/v1/api.proto" \
-      "https://raw.githubusercontent.com/kubernetes/cri-api/$ref/pkg/apis/runtime/v1/api.proto"
-  fi
-  "$py" scripts/check_cri_proto.py "$work/cri_api/v1/api.proto"
-  mkdir -p stubs
-  bin=$(dirname "$py")
-  "$py" -m grpc_tools.protoc -I"$work" \
-    --plugin=protoc-gen-mypy="$bin/protoc-gen-mypy" \
-    --plugin=protoc-gen-mypy_grpc="$bin/protoc-gen-mypy_grpc" \
-    --mypy_out=stubs --mypy_grpc_out=stubs cri_api/v1/api.proto
-  exit 0
-fi
 
 out=${1:-src}
 common=$("$py" -c 'import google.rpc.status_pb2 as m, pathlib; print(pathlib.Path(m.__file__).parents[2])')
