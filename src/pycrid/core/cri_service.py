@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -24,9 +25,14 @@ from pycrid import __version__
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
 from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
-from pycrid.core.containers import ContainerManager, ContainerPaths
+from pycrid.core.containers import ContainerParts
+from pycrid.core.containers.exited import handle_exit
+from pycrid.core.containers.recover import recover_containers
+from pycrid.core.containers.remove import cleanup
+from pycrid.core.containers.stop import evict
+from pycrid.core.containers.update import apply_resources
 from pycrid.core.events import ContainerEvents
-from pycrid.core.nri_relay import NRI, runc_version
+from pycrid.core.nri_relay import NRI
 from pycrid.core.pods import PodManager
 from pycrid.core.registrar import KeyedLocks
 from pycrid.core.stats_queries import StatsService
@@ -36,10 +42,14 @@ from pycrid.images.image_service import ImageService
 from pycrid.network.pod_networks import PodNetworks
 from pycrid.oci.nri_apply import HostSupport
 from pycrid.oci.resources import ResourcePolicy
+from pycrid.oci.security import host_security, own_capabilities
 from pycrid.oci.spec import CgroupDriver
+from pycrid.oci.spec_inputs import HostInput, SpecPolicy
+from pycrid.runtime.bundle import ContainerPaths
 from pycrid.runtime.exits import Exit, ExitWatcher
 from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
+from pycrid.runtime.snapshot_bundles import BundleSettings, SnapshotBundles
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
 from pycrid.sandbox.router import SandboxRouter
@@ -75,7 +85,7 @@ class CRIService:
         *,
         images: ImageService,
         pods: PodManager,
-        containers: ContainerManager,
+        containers: ContainerParts,
         runtime: ContainerRuntime,
         runtime_config: RuntimeConfig,
         config: Config,
@@ -131,7 +141,7 @@ class CRIService:
         states = await self.runtime.states()
         recorded = set(self.pods.store.ids()) | set(self.containers.store.ids())
         to_check = await self.pods.recover(states, self.monitor.submit)
-        await self.containers.recover(states, self.monitor.submit)
+        await recover_containers(self.containers, states, self.monitor.submit)
         # runc's view is from before recovery: the containers of records recovery rolled
         # back or removed are in it, gone by now, and no orphans.
         await self._sweep_orphans(set(states) - recorded)
@@ -169,7 +179,7 @@ class CRIService:
             runtime_ids=runtime_ids, snapshotter=self.images.snapshotter,
             network=self.network, default_handler=self.runtime_config.default_runtime_name,
             remove_sandbox=self.pods.controller.shutdown,
-            remove_container=self.containers.cleanup)
+            remove_container=functools.partial(cleanup, self.containers))
         for what in removed:
             log.warning("removed orphaned %s (no record owns it)", what)
 
@@ -190,14 +200,14 @@ class CRIService:
     def _exit_file(self, exit_: Exit) -> None:
         """From the watcher: wake waiters now, queue the rest for the monitor."""
         self.pods.notify_exit(exit_)
-        self.containers.notify_exit(exit_)
+        self.containers.waiters.notify(exit_)
         self.monitor.submit(exit_)
 
     async def _handle_exit(self, exit_: Exit) -> None:
         if self.pods.store.get(exit_.id) is not None:
             await self.pods.handle_exit(exit_)
         else:
-            await self.containers.handle_exit(exit_)
+            await handle_exit(self.containers, exit_)
 
     def version(self) -> tuple[str, str, str]:
         """(runtime name, runtime version, CRI API version)."""
@@ -325,23 +335,29 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
                             else "cgroupfs")
     paths = ContainerPaths(state_dir=state, root_dir=root)
-    runc = getattr(runtime, "runc", "runc")
     nri = NRI(nri_config, sandboxes=sandboxes, containers=ctr_store,
               pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
               pod_namespaces=lambda rec: (controller.namespaces(rec)
                                           if rec.controller == "pinned" else None),
               bundle_of=paths.bundle,
-              host=lambda: HostSupport.probe(runc_version(runc), own_oom_score_adj()))
-    containers = ContainerManager(
-        store=ctr_store, sandboxes=sandboxes, controller=controller,
-        runtime=runtime, images=images, paths=paths, locks=locks, nri=nri, events=events,
-        cgroup_driver=driver, handlers=handlers,
-        resource_policy=ResourcePolicy(
-            probe_cgroups(), runtime_config.disable_hugetlb_controller,
-            runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit),
-        default_handler=runtime_config.default_runtime_name,
-        unset_seccomp_profile=runtime_config.unset_seccomp_profile, anchors=anchors)
-    nri.bind(apply_resources=containers.apply_resources, evict=containers.evict)
+              host=lambda: HostSupport.probe(runtime.version(), own_oom_score_adj()))
+    resource_policy = ResourcePolicy(
+        probe_cgroups(), runtime_config.disable_hugetlb_controller,
+        runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit)
+    security = host_security()  # the host's facts, probed once
+    bundles = SnapshotBundles(images.snapshotter, paths, BundleSettings(
+        host=HostInput(min_oom_score_adj=own_oom_score_adj(), security=security,
+                       capabilities=own_capabilities(),
+                       cgroup_v2=resource_policy.host.unified),
+        policy=SpecPolicy(cgroup_driver=driver, resources=resource_policy,
+                          unset_seccomp_profile=runtime_config.unset_seccomp_profile),
+        handlers=dict(handlers or {}), default_handler=runtime_config.default_runtime_name))
+    containers = ContainerParts(
+        store=ctr_store, sandboxes=sandboxes, controller=controller, runtime=runtime,
+        bundles=bundles, images=images, paths=paths, locks=locks, nri=nri, events=events,
+        resource_policy=resource_policy, host_security=security, anchors=anchors)
+    nri.bind(apply_resources=functools.partial(apply_resources, containers),
+             evict=functools.partial(evict, containers))
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"))
     pods = PodManager(store=sandboxes, controller=controller, containers=containers,

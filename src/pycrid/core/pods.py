@@ -22,7 +22,9 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core import events
-from pycrid.core.containers import RECOVERY_CONCURRENCY, ContainerManager, labels_match, now_ns
+from pycrid.core.containers import RECOVERY_CONCURRENCY, ContainerParts, labels_match, now_ns
+from pycrid.core.containers.remove import remove_locked
+from pycrid.core.containers.stop import stop_locked
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri_objects import resources_from_cri
 from pycrid.core.nri_relay import NRI
@@ -72,7 +74,7 @@ def _own_userns(opts: pb.NamespaceOption) -> bool:
 
 class PodManager:
     def __init__(self, *, store: RecordStore[SandboxRecord], controller: SandboxController,
-                 containers: ContainerManager, images: ImageService, netns_dir: str,
+                 containers: ContainerParts, images: ImageService, netns_dir: str,
                  locks: KeyedLocks, nri: NRI, network: PodNetworks, events: ContainerEvents,
                  handlers: Collection[str], default_handler: str = "runc",
                  userns_handlers: Collection[str] = (), drop_infra: bool = False,
@@ -236,7 +238,7 @@ class PodManager:
     async def _stop_locked(self, sid: str) -> None:
         for c in self.containers.of_sandbox(sid):
             async with self.locks(c.id).write():
-                await self.containers.stop_locked(c.id, 0)
+                await stop_locked(self.containers, c.id, 0)
         await self.nri.stop_pod(sid)
         failpoint("sandbox.stop")
         self._stopping.add(sid)
@@ -265,7 +267,7 @@ class PodManager:
     async def _remove_rest(self, rec: SandboxRecord) -> None:
         for c in self.containers.of_sandbox(rec.id):
             async with self.locks(c.id).write():
-                await self.containers.remove_locked(c.id)
+                await remove_locked(self.containers, c.id)
         failpoint("sandbox.remove")
         await self.controller.shutdown(rec.id)
         failpoint("sandbox.shutdown")
@@ -380,7 +382,7 @@ class PodManager:
         if rec.creating:
             log.info("pod sandbox %s: undoing an interrupted creation", rec.id)
             for c in self.containers.of_sandbox(rec.id):
-                await self.containers.remove_locked(c.id)
+                await remove_locked(self.containers, c.id)
             await self.controller.shutdown(rec.id)
             if rec.netns:
                 await self._detach(rec.id)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.containers import ContainerManager
+from pycrid.core.containers import ContainerParts
+from pycrid.core.containers.status import list_containers
 from pycrid.core.pods import PodManager
 from pycrid.errors import Unavailable
 from pycrid.images.snapshots import Snapshotter
@@ -57,7 +58,7 @@ class PodStatsView:
 
 
 class StatsService:
-    def __init__(self, *, pods: PodManager, containers: ContainerManager,
+    def __init__(self, *, pods: PodManager, containers: ContainerParts,
                  snapshotter: Snapshotter, period: float, cgroup_driver: CgroupDriver,
                  anchor: Callable[[SandboxRecord], SandboxAnchor],
                  hierarchy: Hierarchy | None = None) -> None:
@@ -145,7 +146,7 @@ class StatsService:
         if flt is not None:
             cflt = pb.ContainerFilter(id=flt.id, pod_sandbox_id=flt.pod_sandbox_id,
                                       label_selector=flt.label_selector)
-        return await self._views(self.containers.list(cflt))
+        return await self._views(list_containers(self.containers, cflt))
 
     # ---- pods -------------------------------------------------------------------------------
 

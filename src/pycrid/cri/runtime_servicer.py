@@ -9,6 +9,14 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.core.containers.create import create_container
+from pycrid.core.containers.exec import exec_sync
+from pycrid.core.containers.remove import remove_container
+from pycrid.core.containers.reopen_log import reopen_log
+from pycrid.core.containers.start import start_container
+from pycrid.core.containers.status import container_details, list_containers
+from pycrid.core.containers.stop import stop_container
+from pycrid.core.containers.update import update_resources
 from pycrid.core.cri_service import KUBE_API_VERSION, CRIService
 from pycrid.core.streams import ContainerStreams
 from pycrid.cri import record_messages as convert
@@ -88,37 +96,38 @@ class RuntimeServicer:
 
     async def CreateContainer(self, request: Any, context: Any) -> Any:
         sandbox_config = request.sandbox_config if request.HasField("sandbox_config") else None
-        cid = await self.core.containers.create(request.pod_sandbox_id, request.config,
-                                                sandbox_config)
+        cid = await create_container(self.core.containers, request.pod_sandbox_id,
+                                     request.config, sandbox_config)
         return pb.CreateContainerResponse(container_id=cid)
 
     async def StartContainer(self, request: Any, context: Any) -> Any:
-        await self.core.containers.start(request.container_id)
+        await start_container(self.core.containers, request.container_id)
         return pb.StartContainerResponse()
 
     async def StopContainer(self, request: Any, context: Any) -> Any:
-        await self.core.containers.stop(request.container_id, request.timeout)
+        await stop_container(self.core.containers, request.container_id, request.timeout)
         return pb.StopContainerResponse()
 
     async def RemoveContainer(self, request: Any, context: Any) -> Any:
-        await self.core.containers.remove(request.container_id)
+        await remove_container(self.core.containers, request.container_id)
         return pb.RemoveContainerResponse()
 
     async def ListContainers(self, request: Any, context: Any) -> Any:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListContainersResponse(containers=self._container_msgs.messages(
-            self.core.containers.list(flt), complete=_selects_all(flt)))
+            list_containers(self.core.containers, flt), complete=_selects_all(flt)))
 
     async def ContainerStatus(self, request: Any, context: Any) -> Any:
         rec = self.core.containers.find(request.container_id, visible=True)
         resp = pb.ContainerStatusResponse(status=convert.container_status_pb(rec))
         if request.verbose:
-            resp.info.update(convert.verbose_info(rec, self.core.containers.details(rec)))
+            resp.info.update(convert.verbose_info(
+                rec, container_details(self.core.containers, rec)))
         return resp
 
     async def ExecSync(self, request: Any, context: Any) -> Any:
-        code, out, err = await self.core.containers.exec_sync(
-            request.container_id, request.cmd, request.timeout)
+        code, out, err = await exec_sync(
+            self.core.containers, request.container_id, request.cmd, request.timeout)
         return pb.ExecSyncResponse(stdout=out, stderr=err, exit_code=code)
 
     async def Exec(self, request: Any, context: Any) -> Any:
@@ -138,8 +147,9 @@ class RuntimeServicer:
         return pb.PortForwardResponse(url=self.stream_server.url(req))
 
     async def UpdateContainerResources(self, request: Any, context: Any) -> Any:
-        await self.core.containers.update_resources(
-            request.container_id, request.linux if request.HasField("linux") else None)
+        await update_resources(
+            self.core.containers, request.container_id,
+            request.linux if request.HasField("linux") else None)
         return pb.UpdateContainerResourcesResponse()
 
     async def UpdatePodSandboxResources(self, request: Any, context: Any) -> Any:
@@ -150,7 +160,7 @@ class RuntimeServicer:
         return pb.UpdatePodSandboxResourcesResponse()
 
     async def ReopenContainerLog(self, request: Any, context: Any) -> Any:
-        await self.core.containers.reopen_log(request.container_id)
+        await reopen_log(self.core.containers, request.container_id)
         return pb.ReopenContainerLogResponse()
 
     # ---- stats and metrics (answered from the sampler's memory) ---------------------------
