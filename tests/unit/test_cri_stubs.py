@@ -1,7 +1,7 @@
-"""The committed CRI stubs (stubs/cri_api, made by ``scripts/gen_cri_stubs.py`` from the package's own descriptor)
-describe the installed CRI package: every message with its fields, every enum, every
-service method, no more and no less. mypy checks the CRI edge against them, so stubs of
-another cri-api version would let a wrong field name through."""
+"""The committed CRI stubs (stubs/cri_api, made by ``scripts/gen_cri_stubs.py`` from the
+package's own descriptor) describe the installed CRI package: every message with its
+fields, every enum, every service method, no more and no less. mypy checks the CRI edge
+against them, so stubs of another cri-api version would let a wrong field name through."""
 
 from __future__ import annotations
 

@@ -14,7 +14,10 @@ from pycrid.core.nri_objects import _set_seccomp_profile
 from pycrid.errors import InvalidArgument
 from pycrid.nri import api
 from pycrid.oci import seccomp
+from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
 from pycrid.oci.defaults import DEFAULT_CAPABILITIES
+from pycrid.oci.mounts import SandboxFiles
+from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
 from pycrid.oci.security import (
     APPARMOR_DEFAULT_PROFILE,
     HostSecurity,
@@ -25,7 +28,8 @@ from pycrid.oci.security import (
     validate_pod,
     validate_sysctls,
 )
-from pycrid.oci.spec import Namespaces, SandboxFiles, container_spec, sandbox_spec
+from pycrid.oci.spec import Namespaces
+from tests.support.spec_args import spec_inputs
 
 RD = pb.SecurityProfile.RuntimeDefault
 UNCONFINED = pb.SecurityProfile.Unconfined
@@ -58,10 +62,19 @@ def ctr(sc: pb.LinuxContainerSecurityContext | None = None, sandbox: pb.PodSandb
     cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c"))
     if sc is not None:
         cfg.linux.security_context.CopyFrom(sc)
-    return container_spec(
-        cfg, sandbox or pod(privileged=bool(sc and sc.privileged)), {"config": {"Cmd": ["sh"]}},
-        container_id="c" * 64, sandbox_id="s" * 64, namespaces=PAUSE_42, etc_passwd=PASSWD,
-        etc_group=GROUP, image_name="busybox", files=FILES, volumes_dir="/v", **kw)
+    kw.setdefault("etc_passwd", PASSWD)
+    kw.setdefault("etc_group", GROUP)
+    inputs, groups = spec_inputs({"config": {"Cmd": ["sh"]}}, kw)
+    return container_spec(ContainerSpecRequest(
+        cfg, sandbox or pod(privileged=bool(sc and sc.privileged)),
+        container_id="c" * 64, sandbox_id="s" * 64, namespaces=PAUSE_42, image_name="busybox",
+        files=FILES, volumes_dir="/v", **kw), inputs, **groups)
+
+
+def pause_spec(cfg: pb.PodSandboxConfig, **kw: Any) -> dict[str, Any]:
+    inputs, groups = spec_inputs({"config": {"Entrypoint": ["/pause"]}}, kw)
+    return sandbox_spec(SandboxSpecRequest(cfg, "s" * 64, pause_image="pause", files=FILES,
+                                           netns_path="/n", **kw), inputs, **groups)
 
 
 def sc(**kw: Any) -> pb.LinuxContainerSecurityContext:
@@ -274,9 +287,7 @@ def test_final_bounding_set_decides() -> None:
 
 
 def test_pause_gets_pod_profile(local_profile: Path) -> None:
-    def spec(cfg: pb.PodSandboxConfig, **kw: Any) -> dict[str, Any]:
-        return sandbox_spec(cfg, {"config": {"Entrypoint": ["/pause"]}}, sandbox_id="s" * 64,
-                            pause_image="pause", files=FILES, netns_path="/n", **kw)
+    spec = pause_spec
     assert "seccomp" not in spec(pod())["linux"]
     assert spec(pod(seccomp=pb.SecurityProfile(profile_type=RD)))["linux"]["seccomp"][
         "defaultAction"] == "SCMP_ACT_ERRNO"
@@ -431,8 +442,7 @@ def test_ipc_sysctl_fine_with_host_network() -> None:
 
 def test_sandbox_spec_carries_normalised_sysctls() -> None:
     cfg = pod(sysctls={"net/ipv4/ip_unprivileged_port_start": "1024", "kernel.shmmax": "4096"})
-    spec = sandbox_spec(cfg, {"config": {"Entrypoint": ["/pause"]}}, sandbox_id="s" * 64,
-                        pause_image="pause", files=FILES, netns_path="/n")
+    spec = pause_spec(cfg)
     assert spec["linux"]["sysctl"]["net.ipv4.ip_unprivileged_port_start"] == "1024"
     assert spec["linux"]["sysctl"]["kernel.shmmax"] == "4096"
     assert "net/ipv4/ip_unprivileged_port_start" not in spec["linux"]["sysctl"]

@@ -9,17 +9,12 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
-from pycrid.oci.defaults import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
-from pycrid.oci.spec import (
-    DeviceNode,
-    Namespaces,
-    SandboxFiles,
-    cgroups_path,
-    container_spec,
-    default_spec,
-    image_volumes,
-    sandbox_spec,
-)
+from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
+from pycrid.oci.defaults import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, default_spec
+from pycrid.oci.mounts import SandboxFiles, image_volumes
+from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
+from pycrid.oci.spec import DeviceNode, Namespaces, cgroups_path
+from tests.support.spec_args import spec_inputs
 
 SID = "s" * 64
 CID = "c" * 64
@@ -47,9 +42,11 @@ def pod(**linux_sc: Any) -> pb.PodSandboxConfig:
 
 def sbx(cfg: pb.PodSandboxConfig | None = None, image: dict[str, Any] | None = None,
         **kw: Any) -> dict[str, Any]:
-    return sandbox_spec(cfg or pod(), image or PAUSE, sandbox_id=SID,
-                        pause_image="registry.k8s.io/pause:3.10.2", files=FILES,
-                        netns_path="/var/run/netns/cni-1", **kw)
+    inputs, groups = spec_inputs(image or PAUSE, kw)
+    return sandbox_spec(SandboxSpecRequest(cfg or pod(), SID,
+                                           pause_image="registry.k8s.io/pause:3.10.2",
+                                           files=FILES, netns_path="/var/run/netns/cni-1",
+                                           **kw), inputs, **groups)
 
 
 def ctr(cfg: pb.ContainerConfig | None = None, sandbox: pb.PodSandboxConfig | None = None,
@@ -57,11 +54,12 @@ def ctr(cfg: pb.ContainerConfig | None = None, sandbox: pb.PodSandboxConfig | No
     kw.setdefault("etc_passwd", PASSWD)
     kw.setdefault("etc_group", GROUP)
     kw.setdefault("files", FILES)
-    return container_spec(
-        cfg or cc(), sandbox or pod(), {"config": {"Cmd": ["sh"]}} if image is None else image,
-        container_id=CID, sandbox_id=SID, namespaces=PAUSE_42, image_name="docker.io/library/x:1",
-        volumes_dir="/var/lib/pycrid/containers/" + CID + "/volumes",
-        node_hostname="node1", **kw)
+    kw.setdefault("node_hostname", "node1")
+    inputs, groups = spec_inputs({"config": {"Cmd": ["sh"]}} if image is None else image, kw)
+    return container_spec(ContainerSpecRequest(
+        cfg or cc(), sandbox or pod(), container_id=CID, sandbox_id=SID, namespaces=PAUSE_42,
+        image_name="docker.io/library/x:1",
+        volumes_dir="/var/lib/pycrid/containers/" + CID + "/volumes", **kw), inputs, **groups)
 
 
 def cc(**kw: Any) -> pb.ContainerConfig:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.containers import labels_match, parse_signal
+from pycrid.core.containers import labels_match
+from pycrid.core.containers.create import parse_signal
 from pycrid.errors import InvalidArgument
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
 from pycrid.runtime.conmon import _CappedSink, _runc_message

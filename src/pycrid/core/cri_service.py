@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -21,10 +22,15 @@ from pycrid import __version__
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
 from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
-from pycrid.core.containers import ContainerManager, ContainerPaths
+from pycrid.core.containers import ContainerParts
+from pycrid.core.containers.exited import handle_exit
+from pycrid.core.containers.recover import recover_containers
+from pycrid.core.containers.remove import cleanup
+from pycrid.core.containers.stop import evict
+from pycrid.core.containers.update import apply_resources
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri_relay import NRI, ContainerActions, RelaySources
-from pycrid.core.pods.pause_exit import handle_exit, notify_exit
+from pycrid.core.pods import pause_exit
 from pycrid.core.pods.pod_parts import PodHandlers, PodParts
 from pycrid.core.pods.recover import check_networks, recover_pods
 from pycrid.core.registrar import KeyedLocks
@@ -36,12 +42,16 @@ from pycrid.images.image_service import ImageService
 from pycrid.network.netns_cni import NetnsCNI
 from pycrid.network.pod_networks import PodNetworks
 from pycrid.nri.adaptation.call_accounting import PluginInstruments
-from pycrid.oci.nri_host_probe import probe_host_support, runc_version
+from pycrid.oci.nri_host_probe import probe_host_support
 from pycrid.oci.resources import ResourcePolicy
+from pycrid.oci.security import host_security, own_capabilities
 from pycrid.oci.spec import CgroupDriver
+from pycrid.oci.spec_inputs import HostInput, SpecPolicy
+from pycrid.runtime.bundle import ContainerPaths
 from pycrid.runtime.exits import Exit, ExitWatcher
 from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
+from pycrid.runtime.snapshot_bundles import BundleSettings, SnapshotBundles
 from pycrid.sandbox.controller import SandboxController
 from pycrid.sandbox.pause import own_oom_score_adj
 from pycrid.sandbox.router import SandboxRouter
@@ -77,7 +87,7 @@ class CRIService:
         *,
         images: ImageService,
         pods: PodParts,
-        containers: ContainerManager,
+        containers: ContainerParts,
         runtime: ContainerRuntime,
         runtime_config: RuntimeConfig,
         config: Config,
@@ -133,7 +143,7 @@ class CRIService:
         states = await self.runtime.states()
         recorded = set(self.pods.store.ids()) | set(self.containers.store.ids())
         to_check = await recover_pods(self.pods, states, self.monitor.submit)
-        await self.containers.recover(states, self.monitor.submit)
+        await recover_containers(self.containers, states, self.monitor.submit)
         # runc's view is from before recovery: the containers of records recovery rolled
         # back or removed are in it, gone by now, and no orphans.
         await self._sweep_orphans(set(states) - recorded)
@@ -171,7 +181,7 @@ class CRIService:
                 netns={r.netns for r in self.pods.store.all() if r.netns}),
             runtime_ids=runtime_ids, snapshotter=self.images.snapshotter,
             network=self.pods.network, remove_sandbox=self.pods.controller.shutdown,
-            remove_container=self.containers.cleanup)
+            remove_container=functools.partial(cleanup, self.containers))
         for what in removed:
             log.warning("removed orphaned %s (no record owns it)", what)
 
@@ -191,15 +201,15 @@ class CRIService:
 
     def _exit_file(self, exit_: Exit) -> None:
         """From the watcher: wake waiters now, queue the rest for the monitor."""
-        notify_exit(self.pods, exit_)
-        self.containers.notify_exit(exit_)
+        pause_exit.notify_exit(self.pods, exit_)
+        self.containers.waiters.notify(exit_)
         self.monitor.submit(exit_)
 
     async def _handle_exit(self, exit_: Exit) -> None:
         if self.pods.store.get(exit_.id) is not None:
-            await handle_exit(self.pods, exit_)
+            await pause_exit.handle_exit(self.pods, exit_)
         else:
-            await self.containers.handle_exit(exit_)
+            await handle_exit(self.containers, exit_)
 
     def version(self) -> tuple[str, str, str]:
         """(runtime name, runtime version, CRI API version)."""
@@ -308,10 +318,9 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
                             else "cgroupfs")
     paths = ContainerPaths(state_dir=state, root_dir=root)
-    runc = getattr(runtime, "runc", "runc")
-    # NRI and the container manager need each other: the relay's actions call the manager
-    # built just below.
-    containers: ContainerManager
+    # NRI and the containers need each other: the relay's actions call the container
+    # operations on the parts built just below.
+    containers: ContainerParts
     nri = NRI(nri_config,
               sources=RelaySources(
                   sandboxes=sandboxes, containers=ctr_store,
@@ -320,20 +329,26 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
                                               if rec.controller == "pinned" else None),
                   bundle_of=paths.bundle),
               actions=ContainerActions(
-                  apply_resources=lambda cid, res: containers.apply_resources(cid, res),
-                  evict=lambda cid, why: containers.evict(cid, why)),
+                  apply_resources=lambda cid, res: apply_resources(containers, cid, res),
+                  evict=lambda cid, why: evict(containers, cid, why)),
               # Probed once, at start (runc --version blocks briefly).
-              host=probe_host_support(runc_version(runc), own_oom_score_adj()),
+              host=probe_host_support(runtime.version(), own_oom_score_adj()),
               instruments=nri_instruments)
-    containers = ContainerManager(
-        store=ctr_store, sandboxes=sandboxes, controller=controller,
-        runtime=runtime, images=images, paths=paths, locks=locks, nri=nri, events=events,
-        cgroup_driver=driver, handlers=handlers,
-        resource_policy=ResourcePolicy(
-            probe_cgroups(), runtime_config.disable_hugetlb_controller,
-            runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit),
-        default_handler=runtime_config.default_runtime_name,
-        unset_seccomp_profile=runtime_config.unset_seccomp_profile, anchors=anchors)
+    resource_policy = ResourcePolicy(
+        probe_cgroups(), runtime_config.disable_hugetlb_controller,
+        runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit)
+    security = host_security()  # the host's facts, probed once
+    bundles = SnapshotBundles(images.snapshotter, paths, BundleSettings(
+        host=HostInput(min_oom_score_adj=own_oom_score_adj(), security=security,
+                       capabilities=own_capabilities(),
+                       cgroup_v2=resource_policy.host.unified),
+        policy=SpecPolicy(cgroup_driver=driver, resources=resource_policy,
+                          unset_seccomp_profile=runtime_config.unset_seccomp_profile),
+        handlers=dict(handlers or {}), default_handler=runtime_config.default_runtime_name))
+    containers = ContainerParts(
+        store=ctr_store, sandboxes=sandboxes, controller=controller, runtime=runtime,
+        bundles=bundles, images=images, paths=paths, locks=locks, nri=nri, events=events,
+        resource_policy=resource_policy, host_security=security, anchors=anchors)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"))
     pods = PodParts(store=sandboxes, controller=controller, containers=containers,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.containers import ContainerManager
+from pycrid.core.containers import ContainerParts
+from pycrid.core.containers.status import list_containers
 from pycrid.core.pods.pod_parts import PodParts
 from pycrid.core.pods.status import list_pods
 from pycrid.errors import Unavailable
@@ -59,7 +60,7 @@ class PodStatsView:
 
 
 class StatsService:
-    def __init__(self, *, pods: PodParts, containers: ContainerManager,
+    def __init__(self, *, pods: PodParts, containers: ContainerParts,
                  snapshotter: Snapshotter, period: float, cgroup_driver: CgroupDriver,
                  anchor: Callable[[SandboxRecord], SandboxAnchor],
                  hierarchy: Hierarchy | None = None) -> None:
@@ -147,7 +148,7 @@ class StatsService:
         if flt is not None:
             cflt = pb.ContainerFilter(id=flt.id, pod_sandbox_id=flt.pod_sandbox_id,
                                       label_selector=flt.label_selector)
-        return await self._views(self.containers.list(cflt))
+        return await self._views(list_containers(self.containers, cflt))
 
     # ---- pods -------------------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.core.containers import ContainerManager, state_name
+from pycrid.core.containers import ContainerParts, state_name
+from pycrid.core.containers.exec import running
 from pycrid.core.pods.pod_parts import PodParts
 from pycrid.core.sessions import until_ended
 from pycrid.errors import FailedPrecondition, InvalidArgument
@@ -49,7 +50,7 @@ def _check_stdio(tty: bool, stdin: bool, stdout: bool, stderr: bool) -> None:
 
 
 class ContainerStreams:
-    def __init__(self, containers: ContainerManager, pods: PodParts) -> None:
+    def __init__(self, containers: ContainerParts, pods: PodParts) -> None:
         self.containers = containers
         self.pods = pods
         self.sessions = containers.sessions
@@ -84,11 +85,7 @@ class ContainerStreams:
     def _running(self, container_id: str) -> ContainerRecord:
         if not container_id:
             raise InvalidArgument("container_id must not be empty")
-        rec = self.containers.find(container_id)
-        if rec.state != pb.CONTAINER_RUNNING:
-            raise FailedPrecondition(
-                f"container {rec.id} is in {state_name(rec.state)} state, not running")
-        return rec
+        return running(self.containers, container_id)
 
     # ---- the sessions (StreamRuntime) ---------------------------------------------------
 

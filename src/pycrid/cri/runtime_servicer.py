@@ -9,6 +9,14 @@ from typing import cast
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf.message import Message
 
+from pycrid.core.containers.create import create_container
+from pycrid.core.containers.exec import exec_sync
+from pycrid.core.containers.remove import remove_container
+from pycrid.core.containers.reopen_log import reopen_log
+from pycrid.core.containers.start import start_container
+from pycrid.core.containers.status import container_details, list_containers
+from pycrid.core.containers.stop import stop_container
+from pycrid.core.containers.update import update_resources
 from pycrid.core.cri_service import KUBE_API_VERSION, CRIService
 from pycrid.core.pods.remove import remove_pod
 from pycrid.core.pods.run import run_pod
@@ -125,29 +133,29 @@ class RuntimeServicer:
         context: Context[pb.CreateContainerRequest, pb.CreateContainerResponse],
     ) -> pb.CreateContainerResponse:
         sandbox_config = request.sandbox_config if request.HasField("sandbox_config") else None
-        cid = await self.core.containers.create(request.pod_sandbox_id, request.config,
-                                                sandbox_config)
+        cid = await create_container(self.core.containers, request.pod_sandbox_id,
+                                     request.config, sandbox_config)
         return pb.CreateContainerResponse(container_id=cid)
 
     async def StartContainer(
         self, request: pb.StartContainerRequest,
         context: Context[pb.StartContainerRequest, pb.StartContainerResponse],
     ) -> pb.StartContainerResponse:
-        await self.core.containers.start(request.container_id)
+        await start_container(self.core.containers, request.container_id)
         return pb.StartContainerResponse()
 
     async def StopContainer(
         self, request: pb.StopContainerRequest,
         context: Context[pb.StopContainerRequest, pb.StopContainerResponse],
     ) -> pb.StopContainerResponse:
-        await self.core.containers.stop(request.container_id, request.timeout)
+        await stop_container(self.core.containers, request.container_id, request.timeout)
         return pb.StopContainerResponse()
 
     async def RemoveContainer(
         self, request: pb.RemoveContainerRequest,
         context: Context[pb.RemoveContainerRequest, pb.RemoveContainerResponse],
     ) -> pb.RemoveContainerResponse:
-        await self.core.containers.remove(request.container_id)
+        await remove_container(self.core.containers, request.container_id)
         return pb.RemoveContainerResponse()
 
     async def ListContainers(
@@ -156,7 +164,7 @@ class RuntimeServicer:
     ) -> pb.ListContainersResponse:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListContainersResponse(containers=self._container_msgs.messages(
-            self.core.containers.list(flt), complete=_selects_all(flt)))
+            list_containers(self.core.containers, flt), complete=_selects_all(flt)))
 
     async def ContainerStatus(
         self, request: pb.ContainerStatusRequest,
@@ -165,7 +173,7 @@ class RuntimeServicer:
         rec = self.core.containers.find(request.container_id, visible=True)
         resp = pb.ContainerStatusResponse(status=convert.container_status_pb(rec))
         if request.verbose:
-            details = cast("Mapping[str, object]", self.core.containers.details(rec))
+            details = cast("Mapping[str, object]", container_details(self.core.containers, rec))
             resp.info.update(convert.verbose_info(rec, details))
         return resp
 
@@ -173,8 +181,8 @@ class RuntimeServicer:
         self, request: pb.ExecSyncRequest,
         context: Context[pb.ExecSyncRequest, pb.ExecSyncResponse],
     ) -> pb.ExecSyncResponse:
-        code, out, err = await self.core.containers.exec_sync(
-            request.container_id, request.cmd, request.timeout)
+        code, out, err = await exec_sync(
+            self.core.containers, request.container_id, request.cmd, request.timeout)
         return pb.ExecSyncResponse(stdout=out, stderr=err, exit_code=code)
 
     async def Exec(self, request: pb.ExecRequest,
@@ -202,8 +210,9 @@ class RuntimeServicer:
         self, request: pb.UpdateContainerResourcesRequest,
         context: Context[pb.UpdateContainerResourcesRequest, pb.UpdateContainerResourcesResponse],
     ) -> pb.UpdateContainerResourcesResponse:
-        await self.core.containers.update_resources(
-            request.container_id, request.linux if request.HasField("linux") else None)
+        await update_resources(
+            self.core.containers, request.container_id,
+            request.linux if request.HasField("linux") else None)
         return pb.UpdateContainerResourcesResponse()
 
     async def UpdatePodSandboxResources(
@@ -220,7 +229,7 @@ class RuntimeServicer:
         self, request: pb.ReopenContainerLogRequest,
         context: Context[pb.ReopenContainerLogRequest, pb.ReopenContainerLogResponse],
     ) -> pb.ReopenContainerLogResponse:
-        await self.core.containers.reopen_log(request.container_id)
+        await reopen_log(self.core.containers, request.container_id)
         return pb.ReopenContainerLogResponse()
 
     # ---- stats and metrics (answered from the sampler's memory) ---------------------------

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from typing import Any
 
 from pycrid.errors import FailedPrecondition, NotFound
@@ -17,6 +18,21 @@ from pycrid.host.mounts import mount, mounts_under, unmount
 from pycrid.images.snapshots import Snapshotter
 
 _MAX_ETC_FILE = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ContainerPaths:
+    """Where a container's files live: its bundle on the state tmpfs, the copies of its
+    image's VOLUMEs under the root directory."""
+
+    state_dir: str
+    root_dir: str
+
+    def bundle(self, cid: str) -> str:
+        return os.path.join(self.state_dir, "containers", cid)
+
+    def volumes(self, cid: str) -> str:
+        return os.path.join(self.root_dir, "containers", cid)
 
 
 def rootfs_of(bundle: str) -> str:

@@ -147,8 +147,6 @@ class RuntimeRouter(ContainerRuntime):
         #: The handlers' spec options and features, by name.
         self.handlers: dict[str, HandlerSpec] = dict(handlers or {})
         self.exit_dir = dirs.pop()
-        #: The default handler's runc binary (what NRI reports as the runtime version).
-        self.runc: str = getattr(self.runtimes[default], "runc", "runc")
         self._owner: dict[str, str] = {}
 
     def handler_of(self, object_id: str) -> str:
@@ -208,6 +206,10 @@ class RuntimeRouter(ContainerRuntime):
 
     def oom_killed(self, bundle: str) -> bool:
         return self.runtimes[self.default].oom_killed(bundle)
+
+    def version(self) -> tuple[int, int, int]:
+        """The default handler's (what NRI reports as the runtime version)."""
+        return self.runtimes[self.default].version()
 
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         await self.runtimes[self.default].reopen_log(bundle, log_path)

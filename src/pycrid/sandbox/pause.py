@@ -23,8 +23,10 @@ from pycrid.faults import failpoint
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.resources import with_sandbox_shares
+from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
 from pycrid.oci.security import host_security
-from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, sandbox_spec
+from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path
+from pycrid.oci.spec_inputs import HandlerOptions, HostInput, ImageInput, SpecPolicy
 from pycrid.runtime.bundle import (
     prepare_rootfs,
     read_etc,
@@ -96,13 +98,16 @@ class PauseController(SandboxController):
         failpoint("sandbox.rootfs")
         handler = self.handlers.get(req.runtime_handler)
         spec = sandbox_spec(
-            config, req.image_config, sandbox_id=sid, pause_image=req.image_name,
-            files=self.files(sid), netns_path=req.netns,
-            etc_passwd=read_etc(rootfs, "passwd"), etc_group=read_etc(rootfs, "group"),
-            cgroup_driver=self.cgroup_driver, min_oom_score_adj=self.min_oom_score_adj,
-            base_spec=handler.base_spec if handler else None,
-            pod_annotation_globs=handler.pod_annotations if handler else (),
-            host_security=self.host_security, unset_seccomp_profile=self.unset_seccomp_profile)
+            SandboxSpecRequest(config, sid, pause_image=req.image_name,
+                               files=self.files(sid), netns_path=req.netns),
+            ImageInput(req.image_config, etc_passwd=read_etc(rootfs, "passwd"),
+                       etc_group=read_etc(rootfs, "group")),
+            host=HostInput(min_oom_score_adj=self.min_oom_score_adj,
+                           security=self.host_security),
+            policy=SpecPolicy(cgroup_driver=self.cgroup_driver,
+                              unset_seccomp_profile=self.unset_seccomp_profile),
+            handler=HandlerOptions(base_spec=handler.base_spec if handler else None,
+                                   pod_annotations=handler.pod_annotations if handler else ()))
         with_sandbox_shares(spec)  # cpu.shares 2, as containerd's pause
         write_spec(bundle, spec)
         self._handler_of[sid] = req.runtime_handler

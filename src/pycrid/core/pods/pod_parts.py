@@ -11,7 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pycrid.core import events
-from pycrid.core.containers import ContainerManager
+from pycrid.core.containers import ContainerParts
 from pycrid.core.events import ContainerEvents
 from pycrid.core.nri_relay import NRI
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
@@ -48,7 +48,7 @@ class PodHandlers:
 class PodParts:
     store: RecordStore[SandboxRecord]
     controller: SandboxController
-    containers: ContainerManager
+    containers: ContainerParts
     images: ImageService
     network: SandboxNetwork
     locks: KeyedLocks

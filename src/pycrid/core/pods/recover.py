@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from pycrid.core.containers import RECOVERY_CONCURRENCY
+from pycrid.core.containers.remove import remove_locked
 from pycrid.core.pods.pod_parts import PodParts, detach, not_ready
 from pycrid.core.pods.remove import remove_rest
 from pycrid.core.pods.stop import stop_locked
@@ -54,7 +55,7 @@ async def _recover_one(parts: PodParts, rec: SandboxRecord, states: dict[str, Ru
     if rec.creating:
         log.info("pod sandbox %s: undoing an interrupted creation", rec.id)
         for c in parts.containers.of_sandbox(rec.id):
-            await parts.containers.remove_locked(c.id)
+            await remove_locked(parts.containers, c.id)
         await parts.controller.shutdown(rec.id)
         if rec.netns:
             await detach(parts, rec.id)

@@ -5,6 +5,7 @@ record. Idempotent: a pod already gone is no error."""
 from __future__ import annotations
 
 from pycrid.core import events
+from pycrid.core.containers.remove import remove_locked
 from pycrid.core.pods.pod_parts import PodParts, detach
 from pycrid.core.pods.stop import stop_locked
 from pycrid.errors import NotFound
@@ -27,7 +28,7 @@ async def remove_rest(parts: PodParts, rec: SandboxRecord) -> None:
     """Everything after the stop, for a pod marked REMOVING (also by recovery)."""
     for c in parts.containers.of_sandbox(rec.id):
         async with parts.locks(c.id).write():
-            await parts.containers.remove_locked(c.id)
+            await remove_locked(parts.containers, c.id)
     failpoint("sandbox.remove")
     await parts.controller.shutdown(rec.id)
     failpoint("sandbox.shutdown")

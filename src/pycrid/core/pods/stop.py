@@ -3,6 +3,7 @@ netns. Idempotent: a pod already stopped, or gone, is no error."""
 
 from __future__ import annotations
 
+from pycrid.core.containers import stop as container_stop
 from pycrid.core.pods.pod_parts import PodParts, detach, not_ready
 from pycrid.errors import NotFound
 from pycrid.faults import failpoint
@@ -23,7 +24,7 @@ async def stop_locked(parts: PodParts, sid: str) -> None:
     containers = parts.containers
     for c in containers.of_sandbox(sid):
         async with parts.locks(c.id).write():
-            await containers.stop_locked(c.id, 0)
+            await container_stop.stop_locked(containers, c.id, 0)
     await parts.nri.stop_pod(sid)
     failpoint("sandbox.stop")
     parts.stopping.add(sid)

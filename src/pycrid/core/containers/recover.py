@@ -1,0 +1,65 @@
+"""Start-up recovery of containers: finish or undo what a killed daemon left half done,
+then reconcile each record with runc's view and conmon's exit file."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from pycrid.core import events
+from pycrid.core.containers.parts import RECOVERY_CONCURRENCY, ContainerParts, now_ns
+from pycrid.core.containers.remove import cleanup
+from pycrid.runtime.exits import Exit
+from pycrid.runtime.interface import RuncState, RuncStatus
+from pycrid.store.records import ContainerPhase, ContainerRecord
+
+log = logging.getLogger(__name__)
+
+
+async def recover_containers(parts: ContainerParts, states: dict[str, RuncState],
+                             submit: Callable[[Exit], None]) -> None:
+    """Reload records (RECOVERY_CONCURRENCY at a time): finish or undo half-done work,
+    then reconcile each with runc's view (``states``, from one ``runc list``) and
+    conmon's exit file. Exits that happened while the daemon was down go to ``submit``
+    (the exit monitor), to be handled as if they had just happened. A record whose
+    recovery fails is marked unknown; the others go on."""
+    bound = asyncio.Semaphore(RECOVERY_CONCURRENCY)
+
+    async def one(rec: ContainerRecord) -> None:
+        async with bound:
+            try:
+                await _recover_one(parts, rec, states.get(rec.id), submit)
+            except Exception:
+                log.exception("container %s: recovery failed; marking it unknown", rec.id)
+                if parts.store.get(rec.id) is not None:
+                    parts.store.update(rec.id, unknown=True)
+
+    await asyncio.gather(*(one(rec) for rec in parts.store.all()))
+
+
+async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncState | None,
+                       submit: Callable[[Exit], None]) -> None:
+    if rec.phase is not ContainerPhase.CREATED or parts.sandboxes.get(rec.sandbox_id) is None:
+        log.info("container %s: removing what an interrupted %s left", rec.id,
+                 "removal" if rec.phase is ContainerPhase.REMOVING else "creation")
+        await cleanup(parts, rec.id)
+        parts.store.delete(rec.id)
+        return
+    parts.names.reserve(rec.name, rec.id)
+    if rec.finished_at:
+        return
+    exit_ = parts.runtime.exit_of(rec.id)
+    status = state.status if state is not None else None
+    if exit_ is None and status in (None, RuncStatus.STOPPED):
+        # No status anywhere (runc forgot it, conmon died with it): containerd's
+        # unknown exit code and reason.
+        exit_ = Exit(rec.id, 255, now_ns(), reason="Unknown")
+    started = status in (RuncStatus.RUNNING, RuncStatus.PAUSED)
+    if not rec.started_at and exit_ is None and started:
+        # Killed between ``runc start`` and its record: the start happened; finish it.
+        log.info("container %s: finishing an interrupted start", rec.id)
+        parts.store.update(rec.id, started_at=now_ns())
+        parts.events.emit(events.STARTED, rec.id, rec.sandbox_id)
+    if exit_ is not None:
+        submit(exit_)
