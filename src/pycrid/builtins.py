@@ -19,8 +19,10 @@ from pycrid.config.schema import (
     NRIConfig,
     RuntimeConfig,
 )
+from pycrid.oci.spec import CgroupDriver
 from pycrid.plugin.registry import Registration, Registry, SkipPlugin
 from pycrid.plugin.startup import InitContext
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +34,21 @@ GRPC = "pycrid.grpc.v1"
 RUNTIME = "pycrid.runtime.v1"
 SANDBOX = "pycrid.sandbox.v1"
 NRI = "pycrid.nri.v1"
+HOST = "pycrid.host.v1"
 CADVISOR = "pycrid.cadvisor.v1"
 
 #: Config layout 1 kept the image keys in the CRI server's own section.
 _V1_CRI_SECTION = f"{GRPC}.cri"
+
+
+def _owner(ctx: InitContext, name: str) -> Owner:
+    """A child of the daemon's owner (a fresh one when a test builds plugins by hand)."""
+    parent: Owner | None = ctx.properties.get("owner")
+    return parent.child(name) if parent is not None else Owner(name)
+
+
+def _cgroup_driver(config: RuntimeConfig) -> CgroupDriver:
+    return "systemd" if config.cgroup_driver == "systemd" else "cgroupfs"
 
 
 def _root(ctx: InitContext, name: str) -> str:
@@ -115,6 +128,8 @@ async def _init_images(ctx: InitContext) -> Any:
         snapshotter=ctx.get_by_id(SNAPSHOTTER, config.snapshotter),
         client=client,
         config=config,
+        metrics=ctx.properties.get("metrics"),
+        owner=_owner(ctx, "images"),
     )
 
 
@@ -141,19 +156,29 @@ async def _init_nri_config(ctx: InitContext) -> Any:
     return ctx.config
 
 
+async def _init_host_facts(ctx: InitContext) -> Any:
+    # What this node offers, probed once for every part (runc: the default handler's).
+    from pycrid.host.facts import probe
+    from pycrid.oci.defaults import ALL_CAPABILITIES
+    from pycrid.runtime.handlers import runc_binary
+
+    config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
+    return await probe(runc_binary(config, config.default_runtime_name), ALL_CAPABILITIES)
+
+
 async def _init_runc(ctx: InitContext) -> Any:
     # One runc (root, binary) per runtime handler, routed by object id.
     import dataclasses
 
     from pycrid.runtime.conmon import ConmonRuntime
     from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
-    from pycrid.stats.cgroup_hierarchy import host_hierarchy
+    from pycrid.stats.cgroup_hierarchy import hierarchy_of
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     state = ctx.properties["state"]
     handlers = load_handlers(config, state)
     runtimes: dict[str, ConmonRuntime] = {}
-    cgroups = host_hierarchy()
+    cgroups = hierarchy_of(ctx.get_by_id(HOST, "facts").cgroup_mounts)
     for name, spec in handlers.items():
         runtimes[name] = ConmonRuntime(state_dir=state, runc=spec.runc_binary,
                                        conmon=config.conmon_path, runc_root=spec.runc_root,
@@ -165,6 +190,7 @@ async def _init_runc(ctx: InitContext) -> Any:
 
 
 async def _init_podsandbox(ctx: InitContext) -> Any:
+    from pycrid.oci.spec_inputs import HostInput, SpecPolicy
     from pycrid.sandbox.pause import PauseController
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
@@ -173,24 +199,23 @@ async def _init_podsandbox(ctx: InitContext) -> Any:
     return PauseController(runtime=runtime, handlers=runtime.handlers,
                            snapshotter=images.snapshotter, root_dir=ctx.properties["root"],
                            state_dir=ctx.properties["state"],
-                           unset_seccomp_profile=config.unset_seccomp_profile,
-                           cgroup_driver="systemd" if config.cgroup_driver == "systemd"
-                           else "cgroupfs")
+                           host=HostInput.from_facts(ctx.get_by_id(HOST, "facts")),
+                           policy=SpecPolicy(cgroup_driver=_cgroup_driver(config),
+                                             unset_seccomp_profile=config.unset_seccomp_profile))
 
 
 async def _init_pinned(ctx: InitContext) -> Any:
     from pycrid.sandbox.pinned import PinnedController
-    from pycrid.stats.cgroup_hierarchy import host_hierarchy
+    from pycrid.stats.cgroup_hierarchy import hierarchy_of
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     return PinnedController(root_dir=ctx.properties["root"], state_dir=ctx.properties["state"],
-                            cgroups=host_hierarchy(),
-                            cgroup_driver="systemd" if config.cgroup_driver == "systemd"
-                            else "cgroupfs")
+                            cgroups=hierarchy_of(ctx.get_by_id(HOST, "facts").cgroup_mounts),
+                            cgroup_driver=_cgroup_driver(config))
 
 
 async def _init_cri(ctx: InitContext) -> Any:
-    from pycrid.core.cri_service import build_core
+    from pycrid.core.cri_service import CoreConfig, CoreInputs, build_core
     from pycrid.cri.grpc_plugin import CRIPlugin
     from pycrid.nri.adaptation.call_accounting import PluginInstruments
 
@@ -200,24 +225,22 @@ async def _init_cri(ctx: InitContext) -> Any:
     metrics = ctx.properties.get("metrics")
     tracer = ctx.properties.get("tracer")
     core = build_core(
-        db=ctx.get_by_id(METADATA, "sqlite"),
-        images=ctx.get_by_id(CRI, "images"),
-        runtime_config=ctx.get_by_id(CRI, "runtime"),
-        runtime=runtime,
-        handlers=runtime.handlers,
-        controller=ctx.get_by_id(SANDBOX, "podsandbox"),
-        pinned=ctx.get_by_id(SANDBOX, "pinned"),
-        root=ctx.properties["root"],
-        state=ctx.properties["state"],
-        config=loaded.config,
-        warnings=loaded.warnings,
-        nri_config=ctx.get_by_id(NRI, "nri"),
-        nri_instruments=PluginInstruments(observer=metrics, tracer=tracer),
-    )
-    core.config_source = loaded.source
+        CoreInputs(
+            db=ctx.get_by_id(METADATA, "sqlite"),
+            images=ctx.get_by_id(CRI, "images"),
+            runtime=runtime,
+            handlers=runtime.handlers,
+            controller=ctx.get_by_id(SANDBOX, "podsandbox"),
+            pinned=ctx.get_by_id(SANDBOX, "pinned"),
+            host=ctx.get_by_id(HOST, "facts"),
+            nri_instruments=PluginInstruments(observer=metrics, tracer=tracer),
+            owner=_owner(ctx, "cri"),
+        ),
+        CoreConfig(config=loaded.config, runtime=ctx.get_by_id(CRI, "runtime"),
+                   nri=ctx.get_by_id(NRI, "nri"), warnings=loaded.warnings,
+                   source=loaded.source))
     if metrics is not None:
         metrics.bind(core)
-        core.images.metrics = metrics
     return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness(),
                      state_dir=ctx.properties["state"],
                      record=None if metrics is None else metrics.cri_call, tracer=tracer)
@@ -257,13 +280,15 @@ def registry() -> Registry:
                               config=ImagesConfig, migrate=_migrate_images, init=_init_images))
     reg.register(Registration(type=CRI, id="runtime", config=RuntimeConfig,
                               migrate=_migrate_runtime, init=_init_runtime_config))
-    reg.register(Registration(type=RUNTIME, id="runc", requires=(CRI,), init=_init_runc))
-    reg.register(Registration(type=SANDBOX, id="podsandbox", requires=(CRI, RUNTIME),
+    reg.register(Registration(type=HOST, id="facts", requires=(CRI,), init=_init_host_facts))
+    reg.register(Registration(type=RUNTIME, id="runc", requires=(CRI, HOST), init=_init_runc))
+    reg.register(Registration(type=SANDBOX, id="podsandbox", requires=(CRI, RUNTIME, HOST),
                               init=_init_podsandbox))
-    reg.register(Registration(type=SANDBOX, id="pinned", requires=(CRI,), init=_init_pinned))
+    reg.register(Registration(type=SANDBOX, id="pinned", requires=(CRI, HOST),
+                              init=_init_pinned))
     reg.register(Registration(type=NRI, id="nri", config=NRIConfig, init=_init_nri_config))
     reg.register(Registration(type=GRPC, id="cri",
-                              requires=(METADATA, CRI, RUNTIME, SANDBOX, NRI),
+                              requires=(METADATA, CRI, HOST, RUNTIME, SANDBOX, NRI),
                               config=CRIServerConfig, init=_init_cri))
     reg.register(Registration(type=CADVISOR, id="containerd", requires=(GRPC,),
                               config=CAdvisorConfig, init=_init_containerd_api))

@@ -22,6 +22,7 @@ from pycrid.metrics import Metrics
 from pycrid.pathlock import PathLock
 from pycrid.plugin.startup import init_all
 from pycrid.sdnotify import Notifier
+from pycrid.tasks import Owner
 from pycrid.unixsock import SocketFile, check_free, publish
 
 log = logging.getLogger("pycrid")
@@ -129,6 +130,8 @@ async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> 
     cri_socket: SocketFile | None = None
     services: dict[str, Any] = {}
     metrics = Metrics()
+    #: The root of the daemon's tree of task owners: each plugin's owner is a child.
+    owner = Owner("pycrid")
     metrics_server: Any = None
     tracer = None
     try:
@@ -139,7 +142,7 @@ async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> 
         plugins = await init_all(
             registry(), configs=loaded.plugins, disabled=cfg.disabled_plugins,
             properties={"root": cfg.root, "state": cfg.state, "loaded_config": loaded,
-                        "metrics": metrics, "tracer": tracer})
+                        "metrics": metrics, "tracer": tracer, "owner": owner})
         if cfg.metrics.address:
             from pycrid.metrics.endpoint import MetricsServer  # aiohttp.web only when served
 
@@ -191,6 +194,7 @@ async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> 
             await metrics_server.aclose()
         if plugins is not None:
             await plugins.close()
+        await owner.aclose()  # whatever a plugin left running
         if tracer is not None:
             tracer.shutdown()  # flushes the spans still batched
         if cri_socket is not None:

@@ -18,6 +18,7 @@ from pycrid.cadvisor.proto import containers_pb2, task_pb2, tasks_pb2, version_p
 from pycrid.cadvisor.view import ContainerdView
 from pycrid.core.anchors import PodAnchors
 from pycrid.errors import InvalidArgument, NotFound
+from pycrid.oci.spec_inputs import SpecPolicy
 from pycrid.sandbox.controller import SandboxAnchor
 from pycrid.sandbox.pause import PauseController
 from pycrid.sandbox.pinned import PinnedController
@@ -250,7 +251,7 @@ def test_pause_anchor(tmp_path: Path) -> None:
     runtime = SimpleNamespace(exit_of=lambda oid: None)
     ctl = PauseController(runtime=runtime, snapshotter=SimpleNamespace(),  # type: ignore[arg-type]
                           root_dir=str(tmp_path / "root"), state_dir=str(tmp_path / "state"),
-                          cgroup_driver="cgroupfs")
+                          policy=SpecPolicy(cgroup_driver="cgroupfs"))
     rec = sandbox()
     rec.config.linux.cgroup_parent = "/kubepods/besteffort/podu1"
     got = ctl.anchor(rec)

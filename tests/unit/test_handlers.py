@@ -125,9 +125,6 @@ class _Recorder(ContainerRuntime):
     def oom_killed(self, bundle: str) -> bool:
         return False
 
-    def version(self) -> tuple[int, int, int]:
-        return (1, 2, 3)
-
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         pass
 

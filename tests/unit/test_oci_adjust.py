@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from pycrid.errors import FailedPrecondition, InvalidArgument
+from pycrid.host.facts import read_facts
 from pycrid.nri import api
 from pycrid.nri.replies import Adjustment
 from pycrid.oci.defaults import default_spec
 from pycrid.oci.nri_apply import apply_adjustment
-from pycrid.oci.nri_host_probe import probe_host_support
 from pycrid.oci.nri_host_support import MIN_RUNC_FOR, HostSupport
 
 OLD = HostSupport(runc_version=(1, 1, 5), cgroup_v2=False,
@@ -471,7 +471,8 @@ def test_min_runc_table_covers_every_version_gate() -> None:
 
 
 def test_probe_reads_this_host() -> None:
-    host = probe_host_support((1, 1, 5), -999)
+    facts = dataclasses.replace(read_facts((1, 1, 5), ()), oom_score_adj=-999)
+    host = HostSupport.from_facts(facts)
     assert host.runc_version == (1, 1, 5)
     assert host.min_oom_score_adj == -999
     assert "RLIMIT_NOFILE" in host.rlimit_hard

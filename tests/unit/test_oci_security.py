@@ -12,19 +12,17 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.nri_objects import _set_seccomp_profile
 from pycrid.errors import InvalidArgument
+from pycrid.host.facts import HostSecurity, own_capabilities, read_facts
 from pycrid.nri import api
 from pycrid.oci import seccomp
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
-from pycrid.oci.defaults import DEFAULT_CAPABILITIES
+from pycrid.oci.defaults import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
 from pycrid.oci.security import (
     APPARMOR_DEFAULT_PROFILE,
-    HostSecurity,
     apparmor_name,
-    host_security,
     normalize_sysctl,
-    own_capabilities,
     validate_pod,
     validate_sysctls,
 )
@@ -384,18 +382,18 @@ def test_selinux_options_accepted_and_ignored() -> None:
 
 def test_this_host() -> None:
     """The test machine: seccomp yes, no AppArmor, no SELinux; root without SYS_RESOURCE."""
-    h = host_security()
+    facts = read_facts((1, 1, 5), ALL_CAPABILITIES)
+    h = facts.security
     assert h.seccomp is True
     assert h.apparmor is Path("/sys/kernel/security/apparmor/profiles").exists()
     assert h.selinux is Path("/sys/fs/selinux/enforce").exists()
-    caps = own_capabilities()
+    caps = facts.capabilities
     assert "CAP_SYS_ADMIN" in caps and "CAP_CHOWN" in caps
 
 
-def test_own_capabilities_from_mask(tmp_path: Path) -> None:
-    f = tmp_path / "status"
-    f.write_text("Name:\tx\nCapEff:\t0000000000200001\n")
-    assert own_capabilities(str(f)) == ("CAP_CHOWN", "CAP_SYS_ADMIN")
+def test_own_capabilities_from_mask() -> None:
+    status = "Name:\tx\nCapEff:\t0000000000200001\n"
+    assert own_capabilities(status, ALL_CAPABILITIES) == ("CAP_CHOWN", "CAP_SYS_ADMIN")
 
 
 # ---- sysctls (§1.7, kubelet's namespaced list) ------------------------------------------------

@@ -12,10 +12,10 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.core.containers import labels_match
 from pycrid.core.containers.create import parse_signal
 from pycrid.errors import InvalidArgument
+from pycrid.host.facts import own_oom_score_adj
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
 from pycrid.runtime.conmon import _CappedSink, _runc_message
 from pycrid.sandbox.files import resolv_conf
-from pycrid.sandbox.pause import own_oom_score_adj
 
 # ---- pause: resolv.conf and oom_score_adj --------------------------------------------
 

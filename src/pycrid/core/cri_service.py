@@ -9,14 +9,12 @@ runtime config.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pycrid import __version__
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
@@ -37,14 +35,13 @@ from pycrid.core.registrar import KeyedLocks
 from pycrid.core.stats_queries import StatsService
 from pycrid.core.status_info import DaemonInfo, ImageInfo, NRIInfo, StatusInfo
 from pycrid.events.monitor import ExitMonitor
-from pycrid.host.cgroups import probe as probe_cgroups
+from pycrid.host.facts import HostFacts
 from pycrid.images.image_service import ImageService
 from pycrid.network.netns_cni import NetnsCNI
 from pycrid.network.pod_networks import PodNetworks
 from pycrid.nri.adaptation.call_accounting import PluginInstruments
-from pycrid.oci.nri_host_probe import probe_host_support
+from pycrid.oci.nri_host_support import HostSupport
 from pycrid.oci.resources import ResourcePolicy
-from pycrid.oci.security import host_security, own_capabilities
 from pycrid.oci.spec import CgroupDriver
 from pycrid.oci.spec_inputs import HostInput, SpecPolicy
 from pycrid.runtime.bundle import ContainerPaths
@@ -53,10 +50,11 @@ from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
 from pycrid.runtime.snapshot_bundles import BundleSettings, SnapshotBundles
 from pycrid.sandbox.controller import SandboxController
-from pycrid.sandbox.pause import own_oom_score_adj
 from pycrid.sandbox.router import SandboxRouter
+from pycrid.stats.cgroup_hierarchy import hierarchy_of
 from pycrid.store.db import Database
 from pycrid.store.records import container_store, sandbox_store
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -81,52 +79,82 @@ CONTAINER_STATES = ("CONTAINER_CREATED", "CONTAINER_RUNNING", "CONTAINER_EXITED"
 _CONTAINER_STATE_NAMES = dict(enumerate(CONTAINER_STATES))
 
 
+@dataclass(frozen=True)
+class CoreConfig:
+    """What the daemon was configured with, as the core needs it."""
+
+    config: Config
+    runtime: RuntimeConfig
+    nri: NRIConfig
+    #: Warnings of the config load, reported by Status (`pycrid status`).
+    warnings: Sequence[str] = ()
+    #: The config file read ("": the embedded defaults).
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class CoreInputs:
+    """The parts the core is built on, each made by its own plugin."""
+
+    db: Database
+    images: ImageService
+    runtime: ContainerRuntime
+    #: Pods with a pause container; ``pinned`` (when given) pods without one.
+    controller: SandboxController
+    host: HostFacts
+    handlers: Mapping[str, HandlerSpec] = field(default_factory=dict)
+    pinned: SandboxController | None = None
+    nri_instruments: PluginInstruments | None = None
+    #: The daemon's owner of the core's tasks (tests: a fresh one).
+    owner: Owner = field(default_factory=lambda: Owner("cri"))
+
+
+@dataclass(frozen=True)
+class CoreParts:
+    """What ``build_core`` wired, held by the core."""
+
+    images: ImageService
+    pods: PodParts
+    containers: ContainerParts
+    runtime: ContainerRuntime
+    nri: NRI
+    network: PodNetworks
+    events: ContainerEvents
+    #: Container and pod stats: owns the one sampling loop (started in start()).
+    stats: StatsService
+    #: Which cgroup and process stand for each pod (stats, NRI, containerd's API).
+    anchors: PodAnchors
+    handlers: Mapping[str, HandlerSpec]
+    host: HostFacts
+
+
 class CRIService:
-    def __init__(
-        self,
-        *,
-        images: ImageService,
-        pods: PodParts,
-        containers: ContainerParts,
-        runtime: ContainerRuntime,
-        runtime_config: RuntimeConfig,
-        config: Config,
-        warnings: list[str],
-        nri: NRI,
-        network: PodNetworks,
-        events: ContainerEvents,
-        layout: orphans.Layout,
-        stats: StatsService,
-        anchors: PodAnchors,
-        handlers: Mapping[str, HandlerSpec] | None = None,
-    ) -> None:
-        self.images = images
-        self.network = network
-        self.nri = nri
-        self.pods = pods
-        self.containers = containers
-        self.runtime = runtime
-        self.runtime_config = runtime_config
-        self.config = config
-        self.warnings = list(warnings)
-        self.events = events
+    def __init__(self, parts: CoreParts, settings: CoreConfig, *, layout: orphans.Layout,
+                 owner: Owner) -> None:
+        self.images = parts.images
+        self.network = parts.network
+        self.nri = parts.nri
+        self.pods = parts.pods
+        self.containers = parts.containers
+        self.runtime = parts.runtime
+        self.events = parts.events
+        self.stats = parts.stats
+        self.anchors = parts.anchors
+        self.handlers = dict(parts.handlers)
+        self.host = parts.host
+        self.runtime_config = settings.runtime
+        self.config = settings.config
+        self.warnings = list(settings.warnings)
+        #: For `pycrid status`: when this daemon started, and the config file it read.
+        self.config_source = settings.source
         self.layout = layout
-        #: Container and pod stats: owns the one sampling loop (started in start()).
-        self.stats = stats
-        #: Which cgroup and process stand for each pod (stats, NRI, containerd's API).
-        self.anchors = anchors
-        self.handlers = dict(handlers or {})
-        #: For `pycrid status`: when this daemon started, and the config file it read
-        #: (set by the wiring; empty: the embedded defaults).
         self.started_at = time.time()
         self._started = time.monotonic()
-        self.config_source = ""
         #: Sockets other plugins serve for this core, by name (`pycrid status`).
         self.sockets: dict[str, str] = {}
-        self.exits = ExitWatcher(runtime.exit_dir, self._exit_file)
-        self.monitor = ExitMonitor(self._handle_exit)
-        #: The CNI CHECKs of pods that survived the restart (after the gate opened).
-        self._checks: asyncio.Task[None] | None = None
+        self.owner = owner
+        self.exits = ExitWatcher(parts.runtime.exit_dir, self._exit_file)
+        self.monitor = ExitMonitor(self._handle_exit, owner=owner.child("exit monitor"))
         #: How long start-up recovery of pods and containers took (the metrics gauge).
         self.recovery_seconds: float | None = None
 
@@ -161,8 +189,8 @@ class CRIService:
         await self.monitor.idle()
         for pod in self.pods.store.visible():
             self.anchors.refresh(pod.id)  # what stands for each pod, known again
-        self._checks = asyncio.create_task(self._check_networks(to_check),
-                                           name="CNI CHECK after restart")
+        # The CNI CHECKs of pods that survived the restart (after the gate opened).
+        self.owner.spawn(self._check_networks(to_check), "CNI CHECK after restart")
         self.stats.start()
 
     async def _check_networks(self, ids: Sequence[str]) -> None:
@@ -190,14 +218,11 @@ class CRIService:
         NRI plugins down."""
         self.exits.close()
         await self.stats.aclose()
-        if self._checks is not None:
-            self._checks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checks
         await self.monitor.aclose()
         self.events.broadcast.close()
         await self.network.aclose()
         await self.nri.stop()
+        await self.owner.aclose()
 
     def _exit_file(self, exit_: Exit) -> None:
         """From the watcher: wake waiters now, queue the rest for the monitor."""
@@ -230,7 +255,7 @@ class CRIService:
         return StatusInfo(
             config=self.config, cni=self.network.describe(), warnings=tuple(self.warnings),
             # AppArmor and SELinux requests are refused or ignored on a host without them.
-            host_security=self.containers.host_security,
+            host_security=self.host.security,
             # Counts by CRI state and the NRI plugins, for `pycrid status` / `nri plugins`.
             pods=self.pod_counts(), containers=self.container_counts(),
             nri=self._nri_info(), daemon=self._daemon_info(), images=self._image_info())
@@ -295,24 +320,22 @@ class CRIService:
         return self.runtime_config.cgroup_driver
 
 
-def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeConfig,
-               runtime: ContainerRuntime, controller: SandboxController, root: str, state: str,
-               config: Config, warnings: list[str], nri_config: NRIConfig,
-               handlers: Mapping[str, HandlerSpec] | None = None,
-               pinned: SandboxController | None = None,
-               nri_instruments: PluginInstruments | None = None) -> CRIService:
+def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
     """Wire the core from its parts (used by the CRI plugin and by tests).
 
-    ``controller`` holds pods with a pause container, ``pinned`` (when given) pods
-    without one (drop_infra_ctr). The NRI side is built here with the stores it reports
-    on, never on its own, so every exit the core sees, from start-up recovery on, can
-    reach plugins."""
+    The NRI side is built here with the stores it reports on, never on its own, so every
+    exit the core sees, from start-up recovery on, can reach plugins."""
+    runtime_config, host, runtime = settings.runtime, inputs.host, inputs.runtime
+    root, state = settings.config.root, settings.config.state
+    handlers = dict(inputs.handlers)
+    images = inputs.images
     locks = KeyedLocks()
-    sandboxes = sandbox_store(db)
-    controllers = {"pause": controller, **({"pinned": pinned} if pinned is not None else {})}
+    sandboxes = sandbox_store(inputs.db)
+    pinned = inputs.pinned
+    controllers = {"pause": inputs.controller, **({"pinned": pinned} if pinned else {})}
     controller = SandboxRouter(controllers, lambda sid: (
         rec.controller if (rec := sandboxes.get(sid)) is not None else None))
-    ctr_store = container_store(db)
+    ctr_store = container_store(inputs.db)
     anchors = PodAnchors(controller=controller, sandboxes=sandboxes, containers=ctr_store)
     events = ContainerEvents(sandboxes, ctr_store)
     driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
@@ -321,7 +344,7 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
     # NRI and the containers need each other: the relay's actions call the container
     # operations on the parts built just below.
     containers: ContainerParts
-    nri = NRI(nri_config,
+    nri = NRI(settings.nri,
               sources=RelaySources(
                   sandboxes=sandboxes, containers=ctr_store,
                   pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
@@ -331,41 +354,37 @@ def build_core(*, db: Database, images: ImageService, runtime_config: RuntimeCon
               actions=ContainerActions(
                   apply_resources=lambda cid, res: apply_resources(containers, cid, res),
                   evict=lambda cid, why: evict(containers, cid, why)),
-              # Probed once, at start (runc --version blocks briefly).
-              host=probe_host_support(runtime.version(), own_oom_score_adj()),
-              instruments=nri_instruments)
+              host=HostSupport.from_facts(host), instruments=inputs.nri_instruments,
+              owner=inputs.owner.child("nri"))
     resource_policy = ResourcePolicy(
-        probe_cgroups(), runtime_config.disable_hugetlb_controller,
+        host.cgroups, runtime_config.disable_hugetlb_controller,
         runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit)
-    security = host_security()  # the host's facts, probed once
     bundles = SnapshotBundles(images.snapshotter, paths, BundleSettings(
-        host=HostInput(min_oom_score_adj=own_oom_score_adj(), security=security,
-                       capabilities=own_capabilities(),
-                       cgroup_v2=resource_policy.host.unified),
+        host=HostInput.from_facts(host),
         policy=SpecPolicy(cgroup_driver=driver, resources=resource_policy,
                           unset_seccomp_profile=runtime_config.unset_seccomp_profile),
-        handlers=dict(handlers or {}), default_handler=runtime_config.default_runtime_name))
+        handlers=handlers, default_handler=runtime_config.default_runtime_name))
     containers = ContainerParts(
         store=ctr_store, sandboxes=sandboxes, controller=controller, runtime=runtime,
         bundles=bundles, images=images, paths=paths, locks=locks, nri=nri, events=events,
-        resource_policy=resource_policy, host_security=security, anchors=anchors)
+        resource_policy=resource_policy, anchors=anchors)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
-                          runtime_config.default_runtime_name, os.path.join(root, "cni"))
+                          runtime_config.default_runtime_name, os.path.join(root, "cni"),
+                          owner=inputs.owner.child("CNI conf dirs"))
     pods = PodParts(store=sandboxes, controller=controller, containers=containers,
                     images=images, network=NetnsCNI(network, os.path.join(state, "netns")),
                     locks=locks, nri=nri, events=events, handlers=PodHandlers.of(
                         runtime_config.runtimes.keys(), runtime_config.default_runtime_name,
-                        userns=[n for n, h in (handlers or {}).items()
-                                if h.features.user_namespaces],
+                        userns=[n for n, h in handlers.items() if h.features.user_namespaces],
                         drop_infra=runtime_config.drop_infra_ctr and pinned is not None,
                         podsandbox=[n for n, h in runtime_config.runtimes.items()
                                     if h.sandboxer == "podsandbox"]))
     stats = StatsService(pods=pods, containers=containers, snapshotter=images.snapshotter,
                          period=float(runtime_config.stats_collect_period), cgroup_driver=driver,
-                         anchor=anchors.of)
-    return CRIService(stats=stats, anchors=anchors, images=images, pods=pods,
-                      containers=containers, runtime=runtime, runtime_config=runtime_config,
-                      config=config, warnings=warnings, nri=nri, network=network,
-                      events=events, handlers=handlers,
-                      layout=orphans.Layout(root=root, state=state,
-                                            exit_dir=runtime.exit_dir))
+                         anchor=anchors.of, hierarchy=hierarchy_of(host.cgroup_mounts),
+                         owner=inputs.owner.child("stats"))
+    parts = CoreParts(images=images, pods=pods, containers=containers, runtime=runtime,
+                      nri=nri, network=network, events=events, stats=stats, anchors=anchors,
+                      handlers=handlers, host=host)
+    return CRIService(parts, settings, owner=inputs.owner, layout=orphans.Layout(
+        root=root, state=state, exit_dir=runtime.exit_dir))

@@ -34,6 +34,7 @@ from pycrid.stats.netdev import InterfaceCounters
 from pycrid.stats.pod_usage import sum_cgroups, sum_rates
 from pycrid.stats.sampler import LayerUsage, Sample, Sampler, Target
 from pycrid.store.records import ContainerRecord, SandboxRecord
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class StatsService:
     def __init__(self, *, pods: PodParts, containers: ContainerParts,
                  snapshotter: Snapshotter, period: float, cgroup_driver: CgroupDriver,
                  anchor: Callable[[SandboxRecord], SandboxAnchor],
-                 hierarchy: Hierarchy | None = None) -> None:
+                 hierarchy: Hierarchy, owner: Owner | None = None) -> None:
         self.pods = pods
         self.containers = containers
         #: Which cgroup and process stand for a pod (PodAnchors.of).
@@ -73,7 +74,7 @@ class StatsService:
         #: The device under the snapshotter's root (metrics' "device" label), found once.
         self._fs_device: str | None = None
         self.sampler = Sampler(period=period, targets=self._targets, hierarchy=hierarchy,
-                               layer_usage=self._layer_usage)
+                               layer_usage=self._layer_usage, owner=owner)
 
     def start(self) -> None:
         self.sampler.start()

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pycrid.config.schema import Config
-from pycrid.oci.security import HostSecurity
+from pycrid.host.facts import HostSecurity
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ class CRIPlugin:
         self.stream_server = StreamServer(
             runtime=self.streams, address=server_config.stream_server_address,
             port=int(server_config.stream_server_port),
-            idle_timeout=float(server_config.stream_idle_timeout), tls=tls)
+            idle_timeout=float(server_config.stream_idle_timeout), tls=tls,
+            owner=core.owner.child("streaming server"))
 
     def register(self, server: grpc.aio.Server) -> None:
         # The instrumented servicers have every method of their service, set by name.

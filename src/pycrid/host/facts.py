@@ -21,12 +21,12 @@ from pycrid.host.mountinfo import MountEntry
 
 RuncVersion = tuple[int, int, int]
 
-#: The rlimits NRI plugins and CRI requests may name (OCI spelling).
-RLIMIT_NAMES = (
-    "RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE",
-    "RLIMIT_LOCKS", "RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_NOFILE",
-    "RLIMIT_NPROC", "RLIMIT_RSS", "RLIMIT_RTPRIO", "RLIMIT_RTTIME", "RLIMIT_SIGPENDING",
-    "RLIMIT_STACK",
+#: runc's rlimit table (rlimit_linux.go): it fails on any other name.
+RLIMIT_NAMES: tuple[str, ...] = (
+    "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE",
+    "RLIMIT_RSS", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_MEMLOCK", "RLIMIT_AS",
+    "RLIMIT_LOCKS", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE", "RLIMIT_NICE",
+    "RLIMIT_RTPRIO", "RLIMIT_RTTIME",
 )
 RLIM_INFINITY = 2**64 - 1
 
@@ -113,6 +113,13 @@ def rlimit_hard() -> dict[str, int]:
             limit = resource.getrlimit(number)[1]
             hard[name] = RLIM_INFINITY if limit == resource.RLIM_INFINITY else limit
     return hard
+
+
+def mount_propagation(path: str) -> str:
+    """"rshared", "rslave" or "" for the host mount that holds ``path``, read now: unlike
+    the facts above, mounts come and go while the daemon runs."""
+    entry = mountinfo.holder_of(os.path.realpath(path), mountinfo.read())
+    return entry.propagation if entry is not None else ""
 
 
 def parse_runc_version(text: str) -> RuncVersion:

@@ -95,6 +95,7 @@ class ImageFetcher:
         client: RegistryClient,
         config: ImagesConfig,
         platform: Platform,
+        metrics: PullMetrics | None = None,
     ) -> None:
         self.content = content
         self.snapshotter = snapshotter
@@ -107,7 +108,7 @@ class ImageFetcher:
         self._unpackers = ThreadPoolExecutor(
             max_workers=4 * config.max_concurrent_downloads, thread_name_prefix="unpack")
         #: Pull bytes are counted here when set (by the image service).
-        self.metrics: PullMetrics | None = None
+        self.metrics = metrics
 
     def close(self) -> None:
         self._unpackers.shutdown(wait=False, cancel_futures=True)

@@ -67,6 +67,8 @@ class ImageService:
         client: RegistryClient,
         config: ImagesConfig,
         platform: Platform | None = None,
+        metrics: PullMetrics | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.store = store
         self.content = content
@@ -77,22 +79,13 @@ class ImageService:
         self._sandbox_ref = parse_reference(config.sandbox_image)
         #: The service's background tasks (a collection that outlives the pull that
         #: asked for it); closed with the service.
-        self.owner = Owner("images")
+        self.owner = owner if owner is not None else Owner("images")
         self._fetcher = ImageFetcher(content=content, snapshotter=snapshotter, client=client,
-                                     config=config, platform=self.platform)
+                                     config=config, platform=self.platform, metrics=metrics)
         self._collector = GarbageCollector(store=store, content=content,
                                            snapshotter=snapshotter, owner=self.owner)
-        self._metrics: PullMetrics | None = None
-
-    @property
-    def metrics(self) -> PullMetrics | None:
-        """Set by the daemon: pull counts, bytes and durations."""
-        return self._metrics
-
-    @metrics.setter
-    def metrics(self, metrics: PullMetrics | None) -> None:
-        self._metrics = metrics
-        self._fetcher.metrics = metrics
+        #: The daemon's pull counts, bytes and durations (None: not recorded).
+        self.metrics = metrics
 
     # ---- lookups -------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ _SETTLE = 0.1
 
 class PodNetworks:
     def __init__(self, config: CNIConfig, runtimes: Mapping[str, RuntimeHandlerConfig],
-                 default_runtime: str, cache_dir: str) -> None:
+                 default_runtime: str, cache_dir: str, owner: Owner | None = None) -> None:
         self.config = config
         self.cache = ResultCache(cache_dir)
         self.default_runtime = default_runtime
@@ -53,7 +53,7 @@ class PodNetworks:
             if rt.cni_conf_dir:
                 self._by_handler[name] = self._network(rt.cni_conf_dir, rt.cni_max_conf_num)
         #: The watch task of each directory.
-        self._watches = Owner("CNI conf dirs")
+        self._watches = owner if owner is not None else Owner("CNI conf dirs")
 
     def _network(self, conf_dir: str, max_conf_num: int) -> CNINetwork:
         if conf_dir not in self._by_dir:

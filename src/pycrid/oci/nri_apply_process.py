@@ -6,19 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pycrid.host.facts import RLIMIT_NAMES
 from pycrid.nri import api
 from pycrid.oci.nri_host_support import HostSupport, bad, cannot, need_runc
 
 Spec = dict[str, Any]
 
-# runc's rlimit table (rlimit_linux.go); it fails on any other name.
-RLIMIT_NAMES: tuple[str, ...] = (
-    "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE",
-    "RLIMIT_RSS", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_MEMLOCK", "RLIMIT_AS",
-    "RLIMIT_LOCKS", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE", "RLIMIT_NICE",
-    "RLIMIT_RTPRIO", "RLIMIT_RTTIME",
-)
-RLIM_INFINITY = 2**64 - 1
 # NRI hook list → OCI hook list.
 HOOK_LISTS = {"prestart": "prestart", "create_runtime": "createRuntime",
               "create_container": "createContainer", "start_container": "startContainer",

@@ -1,8 +1,8 @@
 """What the host and its runc can honour (``HostSupport``), and how an NRI adjustment is
 refused: bad values are InvalidArgument, what this host cannot honour FailedPrecondition.
 
-``HostSupport`` holds facts only. The caller probes them (``oci/nri_host_probe.py``) and
-passes them in, so applying an adjustment never reads the host itself.
+``HostSupport`` holds facts only, taken from the node's ``HostFacts`` (probed once at
+start), so applying an adjustment never reads the host itself.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pycrid.errors import FailedPrecondition, InvalidArgument
+from pycrid.host.facts import HostFacts, mount_propagation
 
 Version = tuple[int, int, int]
 
@@ -48,6 +49,13 @@ class HostSupport:
     source_propagation: Callable[[str], str] | None = None
     """Propagation ("rshared", "rslave", "") of the host mount holding a path;
     None refuses rshared/rslave mounts, which need the check."""
+
+    @classmethod
+    def from_facts(cls, host: HostFacts) -> HostSupport:
+        return cls(runc_version=host.runc_version, cgroup_v2=host.cgroups.unified,
+                   hugepage_sizes=frozenset(host.cgroups.hugepage_sizes), rdt=host.rdt,
+                   min_oom_score_adj=host.oom_score_adj, rlimit_hard=host.rlimit_hard,
+                   source_propagation=mount_propagation)
 
 
 def need_runc(host: HostSupport, what: str) -> None:

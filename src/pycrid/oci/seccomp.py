@@ -218,15 +218,6 @@ def requested(sc: Any, unset_profile: str = "") -> Profile | None:
     return None
 
 
-def seccomp_supported(status_file: str = "/proc/self/status") -> bool:
-    """The kernel has seccomp when our own status shows a ``Seccomp:`` line."""
-    try:
-        with open(status_file, encoding="ascii", errors="replace") as f:
-            return any(line.startswith("Seccomp:") for line in f)
-    except OSError:
-        return False
-
-
 def linux_seccomp(profile: Profile | None, *, privileged: bool, bounding: Sequence[str],
                   supported: bool = True, machine: str | None = None,
                   kernel: tuple[int, int] | None = None) -> Spec | None:

@@ -1,85 +1,29 @@
-"""Host security facts and the security-context rules around the spec builders:
-AppArmor, SELinux, seccomp selection, pod sysctls (CRI-TO-OCI.md §1.7, §2.12).
+"""The security-context rules around the spec builders: AppArmor, SELinux, seccomp
+selection, pod sysctls (CRI-TO-OCI.md §1.7, §2.12).
 
-What the host supports is probed once (``host_security()``) and passed to the pure
+What the host supports is probed once, with the other host facts, and passed to the pure
 spec builders as a :class:`HostSecurity`, so tests can describe any host.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
+from pycrid.host.facts import HostSecurity
 from pycrid.oci import seccomp
-from pycrid.oci.defaults import ALL_CAPABILITIES
 
 log = logging.getLogger(__name__)
 
 Spec = dict[str, Any]
 
-APPARMOR_ENABLED = "/sys/module/apparmor/parameters/enabled"
-APPARMOR_PROFILES = "/sys/kernel/security/apparmor/profiles"
-SELINUX_ENFORCE = "/sys/fs/selinux/enforce"
 #: pycrid generates no AppArmor profile; RuntimeDefault uses this one if the
 #: operator loaded it, and is refused otherwise.
 APPARMOR_DEFAULT_PROFILE = "pycrid-default"
-
-
-@dataclass(frozen=True)
-class HostSecurity:
-    """Which Linux security modules this host offers containers."""
-
-    seccomp: bool
-    apparmor: bool
-    selinux: bool
-    apparmor_profiles: str = APPARMOR_PROFILES
-
-    def apparmor_profile_loaded(self, name: str) -> bool:
-        """Loaded profiles are listed one a line as ``name (mode)``; read at each call
-        because profiles come and go while the daemon runs."""
-        try:
-            with open(self.apparmor_profiles, encoding="utf-8", errors="replace") as f:
-                return any(line.startswith(name + " (") for line in f)
-        except OSError:
-            return False
-
-
-#: A host with seccomp only, the common case and this project's test machine.
-SECCOMP_ONLY = HostSecurity(seccomp=True, apparmor=False, selinux=False)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-@functools.cache
-def host_security() -> HostSecurity:
-    """Probe the host once: seccomp from our own status, AppArmor when the module is
-    enabled and securityfs lists profiles, SELinux when selinuxfs is mounted."""
-    apparmor = (_read(APPARMOR_ENABLED) == "Y" and os.path.exists(APPARMOR_PROFILES))
-    return HostSecurity(seccomp=seccomp.seccomp_supported(), apparmor=apparmor,
-                        selinux=os.path.exists(SELINUX_ENFORCE))
-
-
-def own_capabilities(status_file: str = "/proc/self/status") -> tuple[str, ...]:
-    """The daemon's effective capabilities by name: what ``ALL`` and privileged grant
-    (containerd's rule), so a container never asks for one runc cannot hold."""
-    for line in _read(status_file).splitlines():
-        if line.startswith("CapEff:"):
-            mask = int(line.split(":", 1)[1].strip(), 16)
-            return tuple(c for bit, c in enumerate(ALL_CAPABILITIES) if mask >> bit & 1)
-    return ALL_CAPABILITIES
 
 
 # ---- AppArmor -----------------------------------------------------------------------------

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pycrid.host.facts import SECCOMP_ONLY, HostFacts, HostSecurity
 from pycrid.oci.defaults import ALL_CAPABILITIES, Spec
 from pycrid.oci.resources import ResourcePolicy
-from pycrid.oci.security import SECCOMP_ONLY, HostSecurity
 from pycrid.oci.spec import CgroupDriver
 
 
@@ -47,6 +47,11 @@ class HostInput:
     in_userns: bool = False
     #: The node's hostname: HOSTNAME of a container whose pod sets none.
     hostname: str = ""
+
+    @classmethod
+    def from_facts(cls, host: HostFacts) -> HostInput:
+        return cls(min_oom_score_adj=host.oom_score_adj, security=host.security,
+                   capabilities=host.capabilities, cgroup_v2=host.cgroups.unified)
 
 
 @dataclass(frozen=True)

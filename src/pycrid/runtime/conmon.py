@@ -19,10 +19,8 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
-import subprocess
 import tempfile
 from typing import Any
 
@@ -221,16 +219,6 @@ class ConmonRuntime(ContainerRuntime):
         except (OSError, ValueError):
             return False
         return (oom_kills(self.cgroups, path) or 0) > 0
-
-    def version(self) -> tuple[int, int, int]:
-        """``runc --version``'s "runc version X.Y.Z"."""
-        try:
-            out = subprocess.run([self.runc, "--version"], capture_output=True, text=True,
-                                 timeout=10, check=False).stdout
-        except OSError:
-            return (0, 0, 0)
-        m = re.search(r"runc version (\d+)\.(\d+)\.(\d+)", out)
-        return (int(m[1]), int(m[2]), int(m[3])) if m else (0, 0, 0)
 
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl.

@@ -53,6 +53,11 @@ class HandlerSpec:
     features: HandlerFeatures = HandlerFeatures()
 
 
+def runc_binary(config: RuntimeConfig, handler: str) -> str:
+    """The runc a handler runs: its BinaryName, else the runtime section's runtime_path."""
+    return config.runtimes[handler].options.BinaryName or config.runtime_path
+
+
 def load_handlers(config: RuntimeConfig, state_dir: str) -> dict[str, HandlerSpec]:
     """Every configured handler with its base spec read; a bad spec file stops start-up
     with the key's name (containerd fails the same way)."""
@@ -62,7 +67,7 @@ def load_handlers(config: RuntimeConfig, state_dir: str) -> dict[str, HandlerSpe
         out[name] = HandlerSpec(
             name=name,
             runc_root=h.options.Root or os.path.join(state_dir, default_root),
-            runc_binary=h.options.BinaryName or config.runtime_path,
+            runc_binary=runc_binary(config, name),
             base_spec=_base_spec(name, h.base_runtime_spec) if h.base_runtime_spec else None,
             privileged_without_host_devices=h.privileged_without_host_devices,
             pod_annotations=tuple(h.pod_annotations),
@@ -206,10 +211,6 @@ class RuntimeRouter(ContainerRuntime):
 
     def oom_killed(self, bundle: str) -> bool:
         return self.runtimes[self.default].oom_killed(bundle)
-
-    def version(self) -> tuple[int, int, int]:
-        """The default handler's (what NRI reports as the runtime version)."""
-        return self.runtimes[self.default].version()
 
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         await self.runtimes[self.default].reopen_log(bundle, log_path)

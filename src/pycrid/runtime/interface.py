@@ -134,11 +134,6 @@ class ContainerRuntime(abc.ABC):
         """Whether the kernel's OOM killer ended the container."""
 
     @abc.abstractmethod
-    def version(self) -> tuple[int, int, int]:
-        """The OCI runtime's version (NRI tells plugins); (0, 0, 0) when it is unknown.
-        Blocks: asked once, at start."""
-
-    @abc.abstractmethod
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         """Have the monitor reopen the CRI log; returns once ``log_path`` exists again
         (the kubelet opens it right after the call)."""

@@ -24,9 +24,15 @@ from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
-from pycrid.oci.security import host_security
 from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path
-from pycrid.oci.spec_inputs import HandlerOptions, HostInput, ImageInput, SpecPolicy
+from pycrid.oci.spec_inputs import (
+    DEFAULT_HOST,
+    DEFAULT_POLICY,
+    HandlerOptions,
+    HostInput,
+    ImageInput,
+    SpecPolicy,
+)
 from pycrid.runtime.bundle import (
     prepare_rootfs,
     read_etc,
@@ -51,21 +57,12 @@ log = logging.getLogger(__name__)
 
 
 
-def own_oom_score_adj() -> int:
-    """The lowest oom_score_adj we may give a child without CAP_SYS_RESOURCE."""
-    try:
-        with open("/proc/self/oom_score_adj") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return 0
-
 
 class PauseController(SandboxController):
     def __init__(self, *, runtime: ContainerRuntime, snapshotter: Snapshotter, root_dir: str,
-                 state_dir: str, cgroup_driver: CgroupDriver = "auto",
-                 host_files: HostFiles = NODE_FILES,
+                 state_dir: str, host_files: HostFiles = NODE_FILES,
                  handlers: Mapping[str, HandlerSpec] | None = None,
-                 unset_seccomp_profile: str = "") -> None:
+                 host: HostInput = DEFAULT_HOST, policy: SpecPolicy = DEFAULT_POLICY) -> None:
         self.runtime = runtime
         #: Spec options by runtime handler (base spec, annotation pass-through).
         self.handlers = dict(handlers or {})
@@ -73,11 +70,11 @@ class PauseController(SandboxController):
         self._handler_of: dict[str, str] = {}
         self.snapshotter = snapshotter
         self.pod_files = PodFiles(root_dir, state_dir, host_files)
-        self.cgroup_driver = cgroup_driver
+        #: The host's facts (probed once, by the daemon) and the node's spec policy.
+        self.host = host
+        self.policy = policy
+        self.cgroup_driver: CgroupDriver = policy.cgroup_driver
         self.waiters = ExitWaiters(runtime.exit_of)
-        self.min_oom_score_adj = own_oom_score_adj()
-        self.host_security = host_security()  # probed once
-        self.unset_seccomp_profile = unset_seccomp_profile
 
     def bundle(self, sid: str) -> str:
         return self.pod_files.bundle(sid)
@@ -102,10 +99,7 @@ class PauseController(SandboxController):
                                files=self.files(sid), netns_path=req.netns),
             ImageInput(req.image_config, etc_passwd=read_etc(rootfs, "passwd"),
                        etc_group=read_etc(rootfs, "group")),
-            host=HostInput(min_oom_score_adj=self.min_oom_score_adj,
-                           security=self.host_security),
-            policy=SpecPolicy(cgroup_driver=self.cgroup_driver,
-                              unset_seccomp_profile=self.unset_seccomp_profile),
+            host=self.host, policy=self.policy,
             handler=HandlerOptions(base_spec=handler.base_spec if handler else None,
                                    pod_annotations=handler.pod_annotations if handler else ()))
         with_sandbox_shares(spec)  # cpu.shares 2, as containerd's pause

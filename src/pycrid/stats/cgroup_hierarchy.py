@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pycrid.stats.cgfiles import read_keyed, read_text
+from pycrid.host import mountinfo
+from pycrid.host.mountinfo import MountEntry
+from pycrid.stats.cgfiles import read_keyed
 from pycrid.stats.cgroup_readers import read_v1, read_v2
 from pycrid.stats.cgroup_stats import CgroupStats
 
@@ -106,35 +109,28 @@ def oom_kills(hierarchy: Hierarchy, cgroups_path: str) -> int | None:
     return read_keyed(path).get("oom_kill")
 
 
-def parse_mountinfo(text: str) -> Hierarchy:
-    """Find the cgroup mounts in ``/proc/self/mountinfo`` text. On a hybrid host the v1
+def hierarchy_of(mounts: Iterable[MountEntry]) -> Hierarchy:
+    """Where the cgroups are mounted, from the mount table. On a hybrid host the v1
     controllers win (the unified mount then has no controllers)."""
     v1: dict[str, str] = {}
     unified: str | None = None
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or len(rfields) < 3:
-            continue
-        mountpoint, fstype = fields[4], rfields[0]
-        if fstype == "cgroup2":
-            unified = unified or mountpoint
-        elif fstype == "cgroup":
-            for opt in rfields[2].split(","):
+    for m in mounts:
+        if m.fstype == "cgroup2":
+            unified = unified or m.mount_point
+        elif m.fstype == "cgroup":
+            for opt in m.super_options:
                 if opt in V1_CONTROLLERS and opt not in v1:
-                    v1[opt] = mountpoint
-    return Hierarchy(v1=v1, unified=unified)
+                    v1[opt] = m.mount_point
+    hierarchy = Hierarchy(v1=v1, unified=unified)
+    if not v1 and unified is None:
+        log.warning("no cgroup mount found: container stats will be empty")
+    return hierarchy
 
 
-def host_hierarchy(mountinfo: str = "/proc/self/mountinfo") -> Hierarchy:
-    text = read_text(mountinfo) or ""
-    h = parse_mountinfo(text)
-    if not h.v1 and h.unified is None:
-        log.warning("no cgroup mount found in %s: container stats will be empty", mountinfo)
-    return h
+def parse_mountinfo(text: str) -> Hierarchy:
+    """``hierarchy_of`` the mounts in ``/proc/self/mountinfo`` text."""
+    return hierarchy_of(mountinfo.parse(text))
 
 
-__all__ = ["V1_CONTROLLERS", "Hierarchy", "host_hierarchy", "oom_kills", "parse_mountinfo",
+__all__ = ["V1_CONTROLLERS", "Hierarchy", "hierarchy_of", "oom_kills", "parse_mountinfo",
            "relative_cgroup"]

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pycrid.stats.cgroup_hierarchy import Hierarchy, host_hierarchy
+from pycrid.stats.cgroup_hierarchy import Hierarchy
 from pycrid.stats.cgroup_stats import CgroupStats, nano_cores
 from pycrid.stats.netdev import InterfaceCounters, read_net_dev
 from pycrid.tasks import Owner
@@ -67,12 +67,13 @@ class Sample:
 
 class Sampler:
     def __init__(self, *, period: float, targets: Callable[[], Sequence[Target]],
-                 hierarchy: Hierarchy | None = None,
+                 hierarchy: Hierarchy,
                  layer_usage: Callable[[str], LayerUsage] | None = None,
                  proc: str = "/proc", owner: Owner | None = None) -> None:
         self.period = period
         self._targets = targets
-        self.hierarchy = hierarchy if hierarchy is not None else host_hierarchy()
+        #: Where the host mounts its cgroups (from the host facts, probed once).
+        self.hierarchy = hierarchy
         self._layer_usage = layer_usage
         self._proc = proc
         #: id -> (previous, latest)

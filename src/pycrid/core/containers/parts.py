@@ -19,7 +19,6 @@ from pycrid.core.sessions import SessionEnds
 from pycrid.errors import NotFound
 from pycrid.images.image_service import ImageService
 from pycrid.oci.resources import ResourcePolicy
-from pycrid.oci.security import HostSecurity
 from pycrid.runtime.bundle import ContainerPaths
 from pycrid.runtime.container_bundles import ContainerBundles
 from pycrid.runtime.exits import ExitWaiters
@@ -77,7 +76,6 @@ class ContainerParts:
     #: Host cgroup facts (probed once, at start) and the resource config keys.
     resource_policy: ResourcePolicy
     #: Security facts of the host (probed once), which the runtime status reports.
-    host_security: HostSecurity
     #: Told when a container starts or exits: it may now stand for its pod.
     anchors: PodAnchors | None = None
     names: NameRegistrar = field(default_factory=lambda: NameRegistrar("container"))
