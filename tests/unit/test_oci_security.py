@@ -17,7 +17,6 @@ from pycrid.nri import api
 from pycrid.oci import seccomp
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
 from pycrid.oci.defaults import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
-from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
 from pycrid.oci.security import (
     APPARMOR_DEFAULT_PROFILE,
@@ -27,6 +26,7 @@ from pycrid.oci.security import (
     validate_sysctls,
 )
 from pycrid.oci.spec import Namespaces
+from pycrid.oci.spec_mounts import SandboxFiles
 from tests.support.spec_args import spec_inputs
 
 RD = pb.SecurityProfile.RuntimeDefault

@@ -11,9 +11,9 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.errors import InvalidArgument
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
 from pycrid.oci.defaults import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, default_spec
-from pycrid.oci.mounts import SandboxFiles, image_volumes
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
 from pycrid.oci.spec import DeviceNode, Namespaces, cgroups_path
+from pycrid.oci.spec_mounts import SandboxFiles, image_volumes
 from tests.support.spec_args import spec_inputs
 
 SID = "s" * 64
@@ -822,7 +822,7 @@ def test_image_volume_is_a_read_only_bind_of_its_mounted_image() -> None:
 
 
 def test_image_volume_not_mounted_is_refused() -> None:
-    from pycrid.oci.mounts import cri_mount
+    from pycrid.oci.spec_mounts import cri_mount
 
     m = pb.Mount(container_path="/data", readonly=True, image=pb.ImageSpec(image="busybox"))
     with pytest.raises(InvalidArgument,
@@ -836,7 +836,7 @@ def test_image_volume_not_mounted_is_refused() -> None:
     ({"readonly": True, "host_path": "/h"}, "an image volume takes no host_path"),
 ])
 def test_image_mount_rules(kw: dict[str, Any], why: str) -> None:
-    from pycrid.oci.mounts import check_image_mount, is_image_mount
+    from pycrid.oci.spec_mounts import check_image_mount, is_image_mount
 
     m = pb.Mount(container_path="/data", image=pb.ImageSpec(image="busybox"), **kw)
     assert is_image_mount(m)

@@ -25,7 +25,6 @@ from pycrid.oci.defaults import (
     Spec,
     default_spec,
 )
-from pycrid.oci.mounts import SandboxFiles, container_mounts, image_volumes, sys_bind
 from pycrid.oci.resources import with_resources
 from pycrid.oci.security import apply_container_security
 from pycrid.oci.spec import (
@@ -49,6 +48,7 @@ from pycrid.oci.spec_inputs import (
     ImageInput,
     SpecPolicy,
 )
+from pycrid.oci.spec_mounts import SandboxFiles, container_mounts, image_volumes, sys_bind
 from pycrid.oci.user import ResolvedUser, image_groups, resolve_user, sorted_gids
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from pycrid.nri import api
-from pycrid.oci.mounts import clean
 from pycrid.oci.nri_apply_process import Spec, removals_first
 from pycrid.oci.nri_host_support import HostSupport, bad, cannot, need_runc
+from pycrid.oci.spec_mounts import clean
 
 NAMESPACE_TYPES = frozenset({"pid", "network", "mount", "ipc", "uts", "user", "cgroup", "time"})
 _PROPAGATIONS = ("rprivate", "rshared", "rslave")

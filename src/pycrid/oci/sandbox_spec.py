@@ -14,7 +14,6 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
 from pycrid.oci.defaults import Spec, default_spec
-from pycrid.oci.mounts import SandboxFiles, sandbox_mounts
 from pycrid.oci.security import apply_seccomp, selinux_ignored
 from pycrid.oci.spec import (
     A,
@@ -36,6 +35,7 @@ from pycrid.oci.spec_inputs import (
     ImageInput,
     SpecPolicy,
 )
+from pycrid.oci.spec_mounts import SandboxFiles, sandbox_mounts
 from pycrid.oci.user import resolve_user
 
 SANDBOX_OOM_SCORE_ADJ = -998

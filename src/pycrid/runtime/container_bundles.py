@@ -16,8 +16,8 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
+from pycrid.oci.spec_mounts import SandboxFiles
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from pycrid.faults import failpoint
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
 from pycrid.oci.devices import cri_devices, nodes_under
-from pycrid.oci.mounts import IMAGE_VOLUME_FAILED
 from pycrid.oci.spec_inputs import NO_HANDLER, HandlerOptions, HostInput, ImageInput, SpecPolicy
+from pycrid.oci.spec_mounts import IMAGE_VOLUME_FAILED
 from pycrid.runtime.bundle import (
     ContainerPaths,
     copy_image_volume,

@@ -15,8 +15,8 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
+from pycrid.oci.spec_mounts import SandboxFiles
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import RuncState
 from pycrid.store.records import SandboxRecord

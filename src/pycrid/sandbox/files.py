@@ -18,7 +18,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.faults import failpoint
 from pycrid.host.mounts import Mount, mount, unmount
-from pycrid.oci.mounts import SandboxFiles
+from pycrid.oci.spec_mounts import SandboxFiles
 
 #: /dev/shm of a pod: one 64 MiB tmpfs shared by its containers (§1.5).
 SHM_OPTIONS = ("nosuid", "nodev", "noexec", "mode=1777", "size=67108864")

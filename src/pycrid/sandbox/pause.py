@@ -21,7 +21,6 @@ from typing import Any
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint
 from pycrid.images.snapshots import Snapshotter
-from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
 from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path
@@ -33,6 +32,7 @@ from pycrid.oci.spec_inputs import (
     ImageInput,
     SpecPolicy,
 )
+from pycrid.oci.spec_mounts import SandboxFiles
 from pycrid.runtime.bundle import (
     prepare_rootfs,
     read_etc,

@@ -29,9 +29,9 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.errors import Internal, InvalidArgument
 from pycrid.faults import failpoint
 from pycrid.host import pins
-from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.security import sysctl_namespace
 from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, pod_sysctls
+from pycrid.oci.spec_mounts import SandboxFiles
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import RuncState
 from pycrid.sandbox.controller import (

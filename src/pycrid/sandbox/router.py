@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from pycrid.oci.mounts import SandboxFiles
 from pycrid.oci.spec import Namespaces
+from pycrid.oci.spec_mounts import SandboxFiles
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import RuncState
 from pycrid.sandbox.controller import (

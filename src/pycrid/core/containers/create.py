@@ -19,8 +19,8 @@ from pycrid.core.containers.remove import cleanup
 from pycrid.core.registrar import resolve_prefix
 from pycrid.errors import FailedPrecondition, InvalidArgument, NotFound
 from pycrid.faults import failpoint
-from pycrid.oci.mounts import IMAGE_VOLUME_FAILED, check_image_mount, is_image_mount
 from pycrid.oci.resources import record_of
+from pycrid.oci.spec_mounts import IMAGE_VOLUME_FAILED, check_image_mount, is_image_mount
 from pycrid.runtime.container_bundles import (
     ContainerBundleRequest,
     ContainerImage,
