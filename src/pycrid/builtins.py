@@ -19,7 +19,7 @@ from pycrid.config.schema import (
     NRIConfig,
     RuntimeConfig,
 )
-from pycrid.oci.spec import CgroupDriver
+from pycrid.oci.spec import configured_driver
 from pycrid.plugin.registry import Registration, Registry, SkipPlugin
 from pycrid.plugin.startup import InitContext
 from pycrid.tasks import Owner
@@ -45,10 +45,6 @@ def _owner(ctx: InitContext, name: str) -> Owner:
     """A child of the daemon's owner (a fresh one when a test builds plugins by hand)."""
     parent: Owner | None = ctx.properties.get("owner")
     return parent.child(name) if parent is not None else Owner(name)
-
-
-def _cgroup_driver(config: RuntimeConfig) -> CgroupDriver:
-    return "systemd" if config.cgroup_driver == "systemd" else "cgroupfs"
 
 
 def _root(ctx: InitContext, name: str) -> str:
@@ -200,7 +196,7 @@ async def _init_podsandbox(ctx: InitContext) -> Any:
                            snapshotter=images.snapshotter, root_dir=ctx.properties["root"],
                            state_dir=ctx.properties["state"],
                            host=HostInput.from_facts(ctx.get_by_id(HOST, "facts")),
-                           policy=SpecPolicy(cgroup_driver=_cgroup_driver(config),
+                           policy=SpecPolicy(cgroup_driver=configured_driver(config.cgroup_driver),
                                              unset_seccomp_profile=config.unset_seccomp_profile))
 
 
@@ -211,7 +207,7 @@ async def _init_pinned(ctx: InitContext) -> Any:
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     return PinnedController(root_dir=ctx.properties["root"], state_dir=ctx.properties["state"],
                             cgroups=hierarchy_of(ctx.get_by_id(HOST, "facts").cgroup_mounts),
-                            cgroup_driver=_cgroup_driver(config))
+                            cgroup_driver=configured_driver(config.cgroup_driver))
 
 
 async def _init_cri(ctx: InitContext) -> Any:

@@ -7,6 +7,7 @@ import os
 
 from pycrid.config.decode import ConfigError
 from pycrid.errors import FailedPrecondition
+from pycrid.host.mountinfo import read
 
 CGROUP_DRIVER_KEY = 'plugins."pycrid.cri.v1.runtime".cgroup_driver'
 #: sd_booted(3): this directory exists exactly when systemd is PID 1.
@@ -35,18 +36,11 @@ def check_cgroup_driver(driver: str, systemd_dir: str = SYSTEMD_RUN_DIR) -> None
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> dict[str, set[str]]:
     """Mount point -> what it provides: ``{"cgroup2"}`` or the v1 controller names."""
     found: dict[str, set[str]] = {}
-    with open(mountinfo) as f:
-        for line in f:
-            fields = line.split()
-            if "-" not in fields:
-                continue
-            sep = fields.index("-")
-            fstype, options = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
-            point = fields[4].replace("\\040", " ")
-            if fstype == "cgroup2":
-                found[point] = {"cgroup2"}
-            elif fstype == "cgroup":
-                found[point] = {o for o in options.split(",") if o not in ("rw", "ro")}
+    for m in read(mountinfo):
+        if m.fstype == "cgroup2":
+            found[m.mount_point] = {"cgroup2"}
+        elif m.fstype == "cgroup":
+            found[m.mount_point] = {o for o in m.super_options if o not in ("rw", "ro")}
     return found
 
 

@@ -42,7 +42,7 @@ from pycrid.network.pod_networks import PodNetworks
 from pycrid.nri.adaptation.call_accounting import PluginInstruments
 from pycrid.oci.nri_host_support import HostSupport
 from pycrid.oci.resources import ResourcePolicy
-from pycrid.oci.spec import CgroupDriver
+from pycrid.oci.spec import configured_driver
 from pycrid.oci.spec_inputs import HostInput, SpecPolicy
 from pycrid.runtime.bundle import ContainerPaths
 from pycrid.runtime.exits import Exit, ExitWatcher
@@ -338,8 +338,7 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
     ctr_store = container_store(inputs.db)
     anchors = PodAnchors(controller=controller, sandboxes=sandboxes, containers=ctr_store)
     events = ContainerEvents(sandboxes, ctr_store)
-    driver: CgroupDriver = ("systemd" if runtime_config.cgroup_driver == "systemd"
-                            else "cgroupfs")
+    driver = configured_driver(runtime_config.cgroup_driver)
     paths = ContainerPaths(state_dir=state, root_dir=root)
     # NRI and the containers need each other: the relay's actions call the container
     # operations on the parts built just below.

@@ -1,4 +1,4 @@
-"""mount(2), umount2(2) and openat2(2) through libc, and a reader of /proc/self/mountinfo.
+"""mount(2), umount2(2) and openat2(2) through libc, and the mounts under a path.
 
 Used for unpacking layers, container root filesystems and image volumes;
 calling the syscalls directly avoids a ``mount`` process per layer.
@@ -10,10 +10,10 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import re
 from dataclasses import dataclass
 
 from pycrid.errors import Internal
+from pycrid.host import mountinfo
 
 
 @dataclass(frozen=True)
@@ -114,21 +114,11 @@ def real_dir_beneath(root: str, path: str) -> str:
         os.close(fd)
 
 
-def _unescape(field: str) -> str:
-    """Undo mountinfo's octal escapes (``\\040`` for a space) byte-exactly."""
-    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), os.fsencode(field))
-    return os.fsdecode(raw)
-
-
 def mounts_under(path: str) -> list[str]:
     """Mount points at or below ``path``, deepest first (the order to unmount them in)."""
     base = os.path.realpath(path).rstrip("/")
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            mp = _unescape(line.split(" ")[4])
-            if mp == base or mp.startswith(base + "/"):
-                found.append(mp)
+    found = [m.mount_point for m in mountinfo.read()
+             if m.mount_point == base or m.mount_point.startswith(base + "/")]
     # Deepest first; among mounts stacked on one path, the newest (listed last) first.
     order = {mp: i for i, mp in enumerate(found)}
     return sorted(found, key=lambda p: (p.count("/"), order[p]), reverse=True)

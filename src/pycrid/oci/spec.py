@@ -24,6 +24,11 @@ A = "io.kubernetes.cri."
 CgroupDriver = Literal["auto", "cgroupfs", "systemd"]
 
 
+def configured_driver(cgroup_driver: str) -> CgroupDriver:
+    """The runtime config's ``cgroup_driver`` (checked at load to be one of the two)."""
+    return "systemd" if cgroup_driver == "systemd" else "cgroupfs"
+
+
 @dataclass(frozen=True)
 class DeviceNode:
     """A host device node already stat'ed by the caller (§2.8, §2.10)."""

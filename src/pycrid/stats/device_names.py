@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import os
 
+from pycrid.host.mountinfo import parse
+
 
 @functools.lru_cache(maxsize=256)
 def block_device(major: int, minor: int, sysfs: str = "/sys") -> str:
@@ -30,12 +32,7 @@ def block_device(major: int, minor: int, sysfs: str = "/sys") -> str:
 def mount_source(major: int, minor: int, mountinfo: str) -> str | None:
     """The source of the first mount of device major:minor in mountinfo text."""
     want = f"{major}:{minor}"
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if sep and len(fields) > 2 and fields[2] == want and len(rfields) > 1:
-            return rfields[1]
-    return None
+    return next((m.source for m in parse(mountinfo) if m.device == want), None)
 
 
 def filesystem_device(path: str, sysfs: str = "/sys",
