@@ -211,7 +211,8 @@ async def _init_pinned(ctx: InitContext) -> Any:
 
 
 async def _init_cri(ctx: InitContext) -> Any:
-    from pycrid.core.cri_service import CoreConfig, CoreInputs, build_core
+    from pycrid.core.cri_service import CoreConfig
+    from pycrid.core_wiring import CoreInputs, build_core
     from pycrid.cri.grpc_plugin import CRIPlugin
     from pycrid.nri.adaptation.call_accounting import PluginInstruments
 

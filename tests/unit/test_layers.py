@@ -20,8 +20,8 @@ LAYERS: dict[str, set[str]] = {
               "events"},
     "core": {"core"},
     "edges": {"cri", "cadvisor", "metrics", "streaming", "tracing"},
-    "wiring": {"builtins", "daemon", "cli", "__main__", "bench", "install", "preflight",
-               "status_command"},
+    "wiring": {"builtins", "core_wiring", "daemon", "cli", "__main__", "bench", "install",
+               "preflight", "status_command"},
 }
 RANK = {unit: rank for rank, units in enumerate(LAYERS.values()) for unit in units}
 MAX_LINES = 400
