@@ -75,7 +75,6 @@ class ContainerParts:
     events: ContainerEvents
     #: Host cgroup facts (probed once, at start) and the resource config keys.
     resource_policy: ResourcePolicy
-    #: Security facts of the host (probed once), which the runtime status reports.
     #: Told when a container starts or exits: it may now stand for its pod.
     anchors: PodAnchors | None = None
     names: NameRegistrar = field(default_factory=lambda: NameRegistrar("container"))
