@@ -315,6 +315,31 @@ def test_pod_whose_network_broke_while_down_goes_not_ready_after_restart(
         assert leftovers(d.root, d.state) == []
 
 
+def test_pod_keeps_ready_when_the_bridge_mac_changed_while_down(
+        tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
+    """A Linux bridge without a MAC of its own takes its lowest port's, so other pods
+    coming and going change it after this pod's ADD (the crash storm saw it). The CNI
+    CHECK after a restart gets the host side's MACs as they are now, so the bridge
+    plugin does not fail a healthy pod for it."""
+    config = daemon_config(registry, test_images, tmp_path)
+    with running_daemon(str(tmp_path), config) as d:
+        pods = Pods(d.client)
+        sid = pods.run(pod_config())
+        result = json_info(pods, sid)["cniResult"]["eth0"]
+    bridge = next(i["name"] for i in result["interfaces"] if not i.get("sandbox")
+                  and not i["name"].startswith("veth"))
+    old = Path(f"/sys/class/net/{bridge}/address").read_text().strip()
+    new = "02:00:5e:00:53:01" if old != "02:00:5e:00:53:01" else "02:00:5e:00:53:02"
+    subprocess.run(["ip", "link", "set", "dev", bridge, "address", new], check=True)
+    with running_daemon(str(tmp_path), config) as d:
+        pods = Pods(d.client)
+        wait_for(lambda: "checked the networks of 1 pods" in d.log(), 20, "the CHECK")
+        assert "network CHECK failed" not in d.log()
+        assert pods.pod_status(sid).status.state == pb.SANDBOX_READY
+        pods.remove_pod(sid)
+        assert leftovers(d.root, d.state) == []
+
+
 def json_info(pods: Pods, sid: str) -> dict[str, Any]:
     return dict(json.loads(pods.pod_status(sid, verbose=True).info["info"]))
 

@@ -385,3 +385,21 @@ def test_purge_keeps_another_pods_entry(tmp_path: Path) -> None:
 def test_disable_check_survives_wrapping_a_single_conf() -> None:
     net = parse(b'{"cniVersion":"1.0.0","name":"n","type":"bridge","disableCheck":true}', "a.conf")
     assert parse(net.raw, ".conflist").disable_check is True
+
+
+def test_check_prev_result_gets_the_host_side_macs_of_now() -> None:
+    from pycrid.network.result import with_current_host_macs
+
+    result = {"cniVersion": "1.0.0", "interfaces": [
+        {"name": "cni0", "mac": "aa:aa:aa:aa:aa:01"},
+        {"name": "veth1", "mac": "aa:aa:aa:aa:aa:02"},
+        {"name": "gone0", "mac": "aa:aa:aa:aa:aa:03"},
+        {"name": "eth0", "mac": "aa:aa:aa:aa:aa:04", "sandbox": "/run/netns/p"}],
+        "ips": [{"interface": 3, "address": "10.0.0.2/24"}]}
+    now = {"cni0": "02:00:00:00:00:01", "veth1": "02:00:00:00:00:02",
+           "eth0": "02:00:00:00:00:09"}
+    got = with_current_host_macs(result, now.get)
+    assert [i["mac"] for i in got["interfaces"]] == [
+        "02:00:00:00:00:01", "02:00:00:00:00:02", "aa:aa:aa:aa:aa:03", "aa:aa:aa:aa:aa:04"]
+    assert got["ips"] == result["ips"]
+    assert result["interfaces"][0]["mac"] == "aa:aa:aa:aa:aa:01"  # the cache is untouched

@@ -32,7 +32,13 @@ from pycrid.network.invoke import (
     run_plugin,
     supported_versions,
 )
-from pycrid.network.result import DEFAULT_IFNAME, interface_ips, select_pod_ips
+from pycrid.network.result import (
+    DEFAULT_IFNAME,
+    host_link_mac,
+    interface_ips,
+    select_pod_ips,
+    with_current_host_macs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +250,10 @@ class CNINetwork:
             if not at_least(net.cni_version, "0.4.0") or net.disable_check:
                 continue
             call = Invocation("CHECK", container_id, netns, entry.ifname, entry.args)
+            prev = with_current_host_macs(entry.result, host_link_mac)
             for plugin in net.plugins:
                 await run_plugin(str(plugin["type"]), self.bin_dirs, call,
-                                 plugin_config(net, plugin, entry.result, entry.capabilities))
+                                 plugin_config(net, plugin, prev, entry.capabilities))
 
     def describe(self) -> dict[str, Any]:
         """For Status verbose info (containerd's ``cniconfig``)."""

@@ -9,7 +9,8 @@ as containerd's selectPodIPs does.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 DEFAULT_IFNAME = "eth0"
@@ -52,3 +53,36 @@ def select_pod_ips(ips: Sequence[str], preference: str = "ipv4") -> list[str]:
         if ipaddress.ip_address(ip).version == want:
             return [ip, *ips[:i], *ips[i + 1:]]
     return list(ips)
+
+
+def host_link_mac(name: str, sysfs: str = "/sys") -> str | None:
+    """The MAC the host's link ``name`` has now (None: no such link)."""
+    try:
+        with open(os.path.join(sysfs, "class/net", name, "address")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def with_current_host_macs(result: Mapping[str, Any],
+                           mac_of: Callable[[str], str | None]) -> dict[str, Any]:
+    """``result`` with each host-side interface's MAC (no ``sandbox``) as the host has
+    it now, for CHECK's prevResult.
+
+    Neither is the runtime's to keep: a Linux bridge without a MAC of its own takes the
+    lowest of its ports' (containernetworking/cni#285), so it changes as other pods come
+    and go, and a host veth's can change after ADD returns (containernetworking/plugins
+    #805); the bridge plugin's CHECK would then fail a healthy pod. A link that is gone
+    keeps its old entry, so CHECK still fails for it; the pod side is left as ADD saw it.
+    """
+    out = dict(result)
+    ifaces = []
+    for iface in result.get("interfaces") or []:
+        if isinstance(iface, dict) and not iface.get("sandbox") and iface.get("name"):
+            mac = mac_of(str(iface["name"]))
+            if mac is not None:
+                iface = {**iface, "mac": mac}
+        ifaces.append(iface)
+    if "interfaces" in result:
+        out["interfaces"] = ifaces
+    return out
