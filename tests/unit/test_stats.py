@@ -13,6 +13,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.stats_queries import ContainerStatsView, PodStatsView
 from pycrid.cri import stats_messages as stats_pb
+from pycrid.host import mountinfo
 from pycrid.stats import metrics
 from pycrid.stats.cgfiles import (
     IoEntry,
@@ -24,7 +25,7 @@ from pycrid.stats.cgfiles import (
     parse_psi,
     weight_to_shares,
 )
-from pycrid.stats.cgroup_hierarchy import Hierarchy, parse_mountinfo, relative_cgroup
+from pycrid.stats.cgroup_hierarchy import Hierarchy, hierarchy_of, relative_cgroup
 from pycrid.stats.cgroup_readers import read_v1, read_v2
 from pycrid.stats.cgroup_stats import CgroupStats, nano_cores, working_set
 from pycrid.stats.device_names import block_device, filesystem_device, mount_source
@@ -388,12 +389,12 @@ PURE_V2 = """\
 
 
 def test_parse_mountinfo() -> None:
-    h = parse_mountinfo(HYBRID)
+    h = hierarchy_of(mountinfo.parse(HYBRID))
     assert h.v1 == {"cpu": "/sys/fs/cgroup/cpu,cpuacct", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct",
                     "memory": "/sys/fs/cgroup/memory", "blkio": "/sys/fs/cgroup/blkio",
                     "pids": "/sys/fs/cgroup/pids"}
     assert not h.is_v2
-    v2 = parse_mountinfo(PURE_V2)
+    v2 = hierarchy_of(mountinfo.parse(PURE_V2))
     assert v2.is_v2 and v2.unified == "/sys/fs/cgroup"
 
 

@@ -34,7 +34,6 @@ from pycrid.network.invoke import (
 )
 from pycrid.network.result import (
     DEFAULT_IFNAME,
-    host_link_mac,
     interface_ips,
     select_pod_ips,
     with_current_host_macs,
@@ -49,6 +48,15 @@ RETRY_LOAD_EVERY = 2.0
 
 class NotReady(Exception):
     """No usable network configuration; the message says why."""
+
+
+def host_link_mac(name: str, sysfs: str = "/sys") -> str | None:
+    """The MAC the host's link ``name`` has now (None: no such link)."""
+    try:
+        with open(os.path.join(sysfs, "class/net", name, "address")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Pod IPs out of CNI results, whatever spec version the plugin answered in.
+"""Pod IPs out of CNI results, whatever spec version the plugin answered in (pure).
 
 Results before 0.3.0 carry ``ip4``/``ip6`` objects; later ones an ``ips`` list whose
 entries point at the interface they belong to. The pod's IPs are those of its
@@ -9,7 +9,6 @@ as containerd's selectPodIPs does.
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,15 +52,6 @@ def select_pod_ips(ips: Sequence[str], preference: str = "ipv4") -> list[str]:
         if ipaddress.ip_address(ip).version == want:
             return [ip, *ips[:i], *ips[i + 1:]]
     return list(ips)
-
-
-def host_link_mac(name: str, sysfs: str = "/sys") -> str | None:
-    """The MAC the host's link ``name`` has now (None: no such link)."""
-    try:
-        with open(os.path.join(sysfs, "class/net", name, "address")) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
 
 
 def with_current_host_macs(result: Mapping[str, Any],

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pycrid.errors import FailedPrecondition, InvalidArgument
-from pycrid.host.facts import HostFacts, mount_propagation
+from pycrid.host.facts import HostFacts, RuncVersion, mount_propagation
 
-Version = tuple[int, int, int]
+Version = RuncVersion
 
 # The runc release that first reads each spec field; older runc ignores the
 # field without a word. Checked against runc's CHANGELOG.md and

@@ -23,7 +23,7 @@ from pycrid.faults import failpoint
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
-from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path
+from pycrid.oci.spec import Namespaces, cgroups_path
 from pycrid.oci.spec_inputs import (
     DEFAULT_HOST,
     DEFAULT_POLICY,
@@ -73,7 +73,6 @@ class PauseController(SandboxController):
         #: The host's facts (probed once, by the daemon) and the node's spec policy.
         self.host = host
         self.policy = policy
-        self.cgroup_driver: CgroupDriver = policy.cgroup_driver
         self.waiters = ExitWaiters(runtime.exit_of)
 
     def bundle(self, sid: str) -> str:
@@ -178,7 +177,7 @@ class PauseController(SandboxController):
         """The pause: its cgroup, its pid while it lives, its bundle's spec."""
         try:
             path = cgroups_path(sandbox.config.linux.cgroup_parent, sandbox.id,
-                                self.cgroup_driver)
+                                self.policy.cgroup_driver)
         except InvalidArgument:  # a parent that no longer fits the driver: no cgroup known
             path = ""
         pid = 0

@@ -13,7 +13,6 @@ import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from pycrid.host import mountinfo
 from pycrid.host.mountinfo import MountEntry
 from pycrid.stats.cgfiles import read_keyed
 from pycrid.stats.cgroup_readers import read_v1, read_v2
@@ -127,10 +126,5 @@ def hierarchy_of(mounts: Iterable[MountEntry]) -> Hierarchy:
     return hierarchy
 
 
-def parse_mountinfo(text: str) -> Hierarchy:
-    """``hierarchy_of`` the mounts in ``/proc/self/mountinfo`` text."""
-    return hierarchy_of(mountinfo.parse(text))
-
-
-__all__ = ["V1_CONTROLLERS", "Hierarchy", "hierarchy_of", "oom_kills", "parse_mountinfo",
+__all__ = ["V1_CONTROLLERS", "Hierarchy", "hierarchy_of", "oom_kills",
            "relative_cgroup"]
