@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -94,11 +93,14 @@ async def launched_plugin(
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = theirs.fileno()
     with open(log_path, "wb") as log:  # noqa: ASYNC230 - before anything runs
+        # bash puts the socket on fd 3 and execs the plugin (dash takes no fd above 9),
+        # so no Python code runs between fork and exec: a preexec_fn there can die in
+        # gRPC's fork handlers, which this test process has loaded (pycrid's launcher
+        # uses posix_spawn for the same reason).
         proc = subprocess.Popen(  # noqa: ASYNC220 - reaped below
-            list(argv),
+            ["/bin/bash", "-c", f'exec "$@" 3<&{fd} {fd}<&-', "bash", *argv],
             env={api.PLUGIN_NAME_ENV: name, api.PLUGIN_IDX_ENV: idx, api.PLUGIN_SOCKET_ENV: "3"},
-            pass_fds=(fd, 3),  # 3 stays open after the dup2 below
-            preexec_fn=lambda: os.dup2(fd, 3),
+            pass_fds=(fd,),
             stderr=log,
         )
     theirs.close()
