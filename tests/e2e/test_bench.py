@@ -108,6 +108,11 @@ def test_bench(tmp_path: Path) -> None:
     pull = result["sections"]["pull"]
     assert pull["image"]["layers"] == 2 and pull["image"]["bytes"] > 2 << 20
     assert not any("did not fetch" in n for n in pull["notes"])
+    # Each PullImage is shown against the minimal pull of the same image, timed each round.
+    for suffix in ("", " zstd"):
+        fig = pull["figures"][f"PullImage{suffix} against the minimal pull"]
+        assert fig["floor"] == f"minimal pull{suffix}"
+        assert len(pull["samples"][f"minimal pull{suffix}"]) == PULL_ROUNDS
 
     rss = result["sections"]["rss"]["figures"]
     # pycrid: one conmon per container; the bench's pods (the kubelet's usual ones: no
