@@ -94,12 +94,16 @@ def test_bench(tmp_path: Path) -> None:
     lc = result["sections"]["lifecycle"]["figures"]
     assert lc["pod start (Run+Create+Start)"]["floor"] == "runc create+start"
     assert lc["CreateContainer+StartContainer"]["floor"] == "runc create+start"
+    assert lc["pod start hostNetwork (Run+Create+Start)"]["floor"] == "runc create+start"
     # A whole pod start is its parts, round by round.
     samples = result["sections"]["lifecycle"]["samples"]
     for i in range(ITERATIONS):
         parts = sum(samples[k][i] for k in ("RunPodSandbox", "CreateContainer",
                                             "StartContainer"))
         assert samples["pod start (Run+Create+Start)"][i] == pytest.approx(parts)
+        # The hostNetwork start has its own Create and Start, untabled: more than its Run.
+        assert samples["pod start hostNetwork (Run+Create+Start)"][i] > \
+            samples["RunPodSandbox hostNetwork"][i]
 
     nri = result["sections"]["nri"]
     assert set(nri["figures"]) == {"CreateContainer, 1 NRI plugin"}
