@@ -7,6 +7,7 @@ tars."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import http.client
 import os
@@ -40,20 +41,24 @@ def layer_sizes(total_mb: int, layers: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(layers)]
 
 
-def fetch(port: int, path: str, accept: str = "") -> int:
-    """GET ``path`` on 127.0.0.1:port, following one redirect; bytes of body read."""
+def fetch(port: int, path: str, accept: str = "",
+          sink: Callable[[bytes], object] | None = None) -> int:
+    """GET ``path`` on 127.0.0.1:port, following one redirect; bytes of body read, each
+    chunk handed to ``sink`` when there is one."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         conn.request("GET", path, headers={"Accept": accept} if accept else {})
         resp = conn.getresponse()
         if resp.status in (301, 302, 307):
             resp.read()
-            return fetch(port, resp.headers["Location"], accept)
+            return fetch(port, resp.headers["Location"], accept, sink)
         if resp.status != 200:
             raise RuntimeError(f"GET {path}: {resp.status}")
         n = 0
         while chunk := resp.read(CHUNK):
             n += len(chunk)
+            if sink is not None:
+                sink(chunk)
         return n
     finally:
         conn.close()
@@ -71,67 +76,53 @@ def minimal_layer(port: int, digest: str, compression: str, diff_id: str,
     (containerd and pycrid both do it): hash it, write it, decompress it, hash the tar
     (the diff id) and write that out; then fsync the blob and check both digests. The tar
     is written as one file, not unpacked: a lower bound on the unpack. Bytes received."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     blob_hash, tar_hash, inflate = hashlib.sha256(), hashlib.sha256(), _decompressor(compression)
     name = digest.split(":", 1)[1]
-    try:
-        conn.request("GET", f"/v2/{REPO}/blobs/{digest}")
-        resp = conn.getresponse()
-        if resp.status in (301, 302, 307):
-            resp.read()
-            conn.close()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-            conn.request("GET", resp.headers["Location"])
-            resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"GET blob {digest}: {resp.status}")
-        n = 0
-        with open(scratch / f"{name}.blob", "wb") as blob, \
-                open(scratch / f"{name}.tar", "wb") as tar:
-            while chunk := resp.read(CHUNK):
-                n += len(chunk)
-                blob_hash.update(chunk)
-                blob.write(chunk)
-                data = inflate.decompress(chunk)
-                tar_hash.update(data)
-                tar.write(data)
-            blob.flush()
-            os.fsync(blob.fileno())
-    finally:
-        conn.close()
+    with open(scratch / f"{name}.blob", "wb") as blob, \
+            open(scratch / f"{name}.tar", "wb") as tar:
+
+        def take(chunk: bytes) -> None:
+            blob_hash.update(chunk)
+            blob.write(chunk)
+            data = inflate.decompress(chunk)
+            tar_hash.update(data)
+            tar.write(data)
+
+        n = fetch(port, f"/v2/{REPO}/blobs/{digest}", sink=take)
+        blob.flush()
+        os.fsync(blob.fileno())
     if "sha256:" + blob_hash.hexdigest() != digest or "sha256:" + tar_hash.hexdigest() != \
             diff_id:
         raise RuntimeError(f"minimal pull of {digest}: a digest does not match")
     return n
 
 
-def minimal_pull(port: int, tag: str, config: str, layers: list[tuple[str, str]],
-                 compression: str, under: Path) -> int:
-    """Manifest, then config and layers ``CONCURRENCY`` at a time, each layer through
-    :func:`minimal_layer` into a scratch directory under ``under`` (the run's own, on the
-    file system the runtime under test writes to when it is ours), removed afterwards;
-    total bytes."""
+def _manifest_then(port: int, tag: str, gets: list[Callable[[], int]]) -> int:
+    """The manifest, then ``gets`` ``CONCURRENCY`` at a time; total bytes."""
     total = fetch(port, f"/v2/{REPO}/manifests/{tag}", OCI_MANIFEST)
-    with tempfile.TemporaryDirectory(prefix="minimal-pull-", dir=under) as tmp:
-        scratch = Path(tmp)
-
-        def one(job: tuple[str, str]) -> int:
-            if job[0] == config:
-                return fetch(port, f"/v2/{REPO}/blobs/{config}")
-            return minimal_layer(port, job[0], compression, job[1], scratch)
-
-        with ThreadPoolExecutor(CONCURRENCY) as pool:
-            total += sum(pool.map(one, [(config, ""), *layers]))
-    return total
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        running = [pool.submit(get) for get in gets]
+        return total + sum(f.result() for f in running)
 
 
 def http_download(port: int, tag: str, config: str, layers: list[str]) -> int:
-    """Manifest, then config and layers ``CONCURRENCY`` at a time; total bytes."""
-    total = fetch(port, f"/v2/{REPO}/manifests/{tag}", OCI_MANIFEST)
-    with ThreadPoolExecutor(CONCURRENCY) as pool:
-        total += sum(pool.map(lambda d: fetch(port, f"/v2/{REPO}/blobs/{d}"),
-                              [config, *layers]))
-    return total
+    """Manifest, then config and layers ``CONCURRENCY`` at a time, read and discarded;
+    total bytes."""
+    return _manifest_then(port, tag, [functools.partial(fetch, port, f"/v2/{REPO}/blobs/{d}")
+                                      for d in [config, *layers]])
+
+
+def minimal_pull(port: int, tag: str, config: str, layers: list[tuple[str, str]],
+                 compression: str, under: Path) -> int:
+    """As :func:`http_download`, each layer (digest, diff id) through
+    :func:`minimal_layer` into a scratch directory under ``under`` (the run's own, on the
+    file system the runtime under test writes to when it is ours), removed afterwards;
+    total bytes."""
+    with tempfile.TemporaryDirectory(prefix="minimal-pull-", dir=under) as tmp:
+        return _manifest_then(port, tag, [
+            functools.partial(fetch, port, f"/v2/{REPO}/blobs/{config}"),
+            *(functools.partial(minimal_layer, port, digest, compression, diff_id, Path(tmp))
+              for digest, diff_id in layers)])
 
 
 def blob_gets(target: Target, layers: list[str], since: int) -> int:
