@@ -331,6 +331,11 @@ def test_unknown_control_frames_are_skipped() -> None:
     assert SpdyConnection(client=False).receive_data(frame) == [PingReceived(7)]
 
 
+def test_a_control_frame_of_type_zero_is_skipped_not_taken_for_data() -> None:
+    frame = bytes.fromhex("8003000000000000") + GO_PING
+    assert SpdyConnection(client=False).receive_data(frame) == [PingReceived(7)]
+
+
 def test_dictionary_identity() -> None:
     # Go's framer puts this checksum (DICTID) into every zlib stream header.
     assert len(spdy_frames.DICTIONARY) == 1423

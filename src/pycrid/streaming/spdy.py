@@ -237,7 +237,7 @@ class SpdyConnection:
 
     def _on_frame(self, frame: Frame, events: list[Event]) -> None:
         kind, payload = frame.kind, frame.payload
-        if kind == 0:
+        if kind == wire.DATA:
             self._on_data(frame.stream_id, frame.fin, payload, events)
         elif kind == wire.SYN_STREAM:
             self._on_syn_stream(frame, events)

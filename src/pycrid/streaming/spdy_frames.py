@@ -86,10 +86,15 @@ class ProtocolError(Exception):
     """The peer broke the protocol; the connection cannot continue."""
 
 
+#: The ``kind`` of a DATA frame: no control type (a control frame of type 0, unused by
+#: the spec, is skipped like any unknown type, so DATA cannot share that number).
+DATA = -1
+
+
 @dataclass(frozen=True)
 class Frame:
     """One frame off the wire: a control frame (``kind`` is its type) or a DATA frame
-    (``kind`` is 0, ``stream_id`` its stream)."""
+    (``kind`` is :data:`DATA`, ``stream_id`` its stream)."""
 
     kind: int
     flags: int
@@ -116,7 +121,7 @@ def parse_frame(buf: bytearray, pos: int) -> tuple[Frame, int] | None:
     head = bytes(buf[pos : pos + 8])
     payload = bytes(buf[pos + 8 : end])
     if not control:
-        return Frame(0, head[4], payload, int.from_bytes(head[0:4], "big")), end
+        return Frame(DATA, head[4], payload, int.from_bytes(head[0:4], "big")), end
     version = int.from_bytes(head[0:2], "big") & 0x7FFF
     if version != VERSION:
         raise ProtocolError(f"unsupported SPDY version {version}")
