@@ -60,12 +60,14 @@ class Owner:
 
     async def aclose(self) -> None:
         """Close the children (last made first), then cancel this owner's tasks and wait
-        for them all. Idempotent."""
+        for them all. Idempotent. Called from one of the tree's own tasks (a connection
+        closed by one of its handlers), that task is neither cancelled nor waited for: it
+        is the one closing, and goes on once the others are gone."""
         self._closed = True
         for owner in reversed(self._children):
             await owner.aclose()
-        while self._tasks:
-            tasks = list(self._tasks)
+        closing = asyncio.current_task()
+        while tasks := [t for t in self._tasks if t is not closing]:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -32,6 +32,24 @@ async def test_owner_closes_children_then_its_tasks() -> None:
         child.spawn(sleeper("late"), "late")
 
 
+async def test_a_task_of_the_owner_can_close_it() -> None:
+    root = Owner("connection")
+    child = root.child("calls")
+    closed = asyncio.Event()
+
+    async def handler() -> str:
+        await root.aclose()  # a call handler closing its own connection
+        closed.set()
+        return "closed"
+
+    other = root.spawn(asyncio.sleep(3600), "reader")
+    child.spawn(asyncio.sleep(3600), "call")
+    closing = child.spawn(handler(), "close call")
+    assert await asyncio.wait_for(closing, 5) == "closed"
+    assert closed.is_set() and other.cancelled()
+    assert root.tree() == []
+
+
 async def test_owner_logs_a_failed_task_by_name(caplog: pytest.LogCaptureFixture) -> None:
     owner = Owner("sampler")
 
