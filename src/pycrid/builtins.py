@@ -156,10 +156,10 @@ async def _init_host_facts(ctx: InitContext) -> Any:
     # What this node offers, probed once for every part (runc: the default handler's).
     from pycrid.host.facts import probe
     from pycrid.oci.defaults import ALL_CAPABILITIES
-    from pycrid.runtime.handlers import runc_binary
+    from pycrid.runtime.handlers import default_runc
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
-    return await probe(runc_binary(config, config.default_runtime_name), ALL_CAPABILITIES)
+    return await probe(default_runc(config), ALL_CAPABILITIES)
 
 
 async def _init_runc(ctx: InitContext) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from pycrid.config.decode import ConfigError
 from pycrid.config.schema import RuntimeConfig, RuntimeHandlerConfig, RuntimeHandlerOptions
 from pycrid.errors import InvalidArgument
 from pycrid.runtime.exits import Exit
-from pycrid.runtime.handlers import RuntimeRouter, features_from, load_handlers
+from pycrid.runtime.handlers import RuntimeRouter, default_runc, features_from, load_handlers
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult
 from pycrid.stdio import ProcessIO
 
@@ -31,6 +32,13 @@ def test_default_roots_and_binaries() -> None:
     assert got["runc"].runc_binary == "/usr/sbin/runc"
     assert got["alt"].runc_binary == "/opt/runc"
     assert got["alt"].base_spec is None
+
+
+def test_the_default_runc_is_a_path_also_when_not_configured() -> None:
+    # The host facts ask this runc its version: "" would make every version check fail.
+    found = default_runc(RuntimeConfig())
+    assert os.path.isabs(found) and os.access(found, os.X_OK)
+    assert default_runc(_config()) == "/usr/sbin/runc"
 
 
 def test_shared_root_is_refused() -> None:

@@ -133,8 +133,13 @@ async def runc_version(runc: str) -> RuncVersion:
         proc = await asyncio.create_subprocess_exec(
             runc, "--version", stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL)
+    except OSError:
+        return (0, 0, 0)
+    try:
         out, _ = await asyncio.wait_for(proc.communicate(), 10)
-    except (TimeoutError, OSError):
+    except TimeoutError:
+        proc.kill()  # a hung runc is not left behind
+        await proc.wait()
         return (0, 0, 0)
     return parse_runc_version(out.decode(errors="replace"))
 

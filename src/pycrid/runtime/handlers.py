@@ -22,6 +22,7 @@ from typing import Any
 from pycrid.config.decode import ConfigError
 from pycrid.config.schema import RuntimeConfig
 from pycrid.errors import InvalidArgument
+from pycrid.runtime.conmon import find_binary
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
 from pycrid.stdio import ProcessIO
@@ -56,6 +57,13 @@ class HandlerSpec:
 def runc_binary(config: RuntimeConfig, handler: str) -> str:
     """The runc a handler runs: its BinaryName, else the runtime section's runtime_path."""
     return config.runtimes[handler].options.BinaryName or config.runtime_path
+
+
+def default_runc(config: RuntimeConfig) -> str:
+    """The default handler's runc as the path that will run: configured, else found on
+    the search path (an unset runtime_path is the usual config)."""
+    return find_binary(runc_binary(config, config.default_runtime_name), "runc",
+                       "runtime_path")
 
 
 def load_handlers(config: RuntimeConfig, state_dir: str) -> dict[str, HandlerSpec]:
