@@ -122,6 +122,8 @@ class CRIService:
         self.owner = owner
         self.exits = ExitWatcher(parts.runtime.exit_dir, self._exit_file)
         self.monitor = ExitMonitor(self._handle_exit, owner=owner.child("exit monitor"))
+        #: The CNI CHECKs after a restart: stopped first at shutdown, before what they use.
+        self._checks = owner.child("CNI CHECK")
         #: How long start-up recovery of pods and containers took (the metrics gauge).
         self.recovery_seconds: float | None = None
 
@@ -157,7 +159,7 @@ class CRIService:
         for pod in self.pods.store.visible():
             self.anchors.refresh(pod.id)  # what stands for each pod, known again
         # The CNI CHECKs of pods that survived the restart (after the gate opened).
-        self.owner.spawn(self._check_networks(to_check), "CNI CHECK after restart")
+        self._checks.spawn(self._check_networks(to_check), "after restart")
         self.stats.start()
 
     async def _check_networks(self, ids: Sequence[str]) -> None:
@@ -185,6 +187,7 @@ class CRIService:
         NRI plugins down."""
         self.exits.close()
         await self.stats.aclose()
+        await self._checks.aclose()
         await self.monitor.aclose()
         self.events.broadcast.close()
         await self.network.aclose()
