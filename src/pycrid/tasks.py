@@ -22,8 +22,11 @@ T = TypeVar("T")
 class Owner:
     """A named set of tasks and child owners, closed together."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, close_within: float | None = None) -> None:
         self.name = name
+        #: How long a close waits for the tasks after cancelling them (None: for ever);
+        #: those still ending then are left to end in the background, and logged.
+        self.close_within = close_within
         self._tasks: set[asyncio.Task[Any]] = set()
         self._children: list[Owner] = []
         self._closed = False
@@ -38,9 +41,9 @@ class Owner:
         task.add_done_callback(self._finished)
         return task
 
-    def child(self, name: str) -> Owner:
+    def child(self, name: str, close_within: float | None = None) -> Owner:
         """A sub-owner, closed (before this owner's own tasks) when this one closes."""
-        owner = Owner(f"{self.name}/{name}")
+        owner = Owner(f"{self.name}/{name}", close_within)
         self._children.append(owner)
         return owner
 
@@ -67,10 +70,21 @@ class Owner:
         for owner in reversed(self._children):
             await owner.aclose()
         closing = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        deadline = None if self.close_within is None else loop.time() + self.close_within
         while tasks := [t for t in self._tasks if t is not closing]:
             for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+                if not task.cancelling():  # once: a cleanup under way is not cut short
+                    task.cancel()
+            if deadline is None:
+                await asyncio.gather(*tasks, return_exceptions=True)
+                continue
+            if deadline <= loop.time():
+                log.warning("%s: %d tasks still ending after %gs, left to end: %s",
+                            self.name, len(tasks), self.close_within,
+                            ", ".join(sorted(t.get_name() for t in tasks)))
+                return
+            await asyncio.wait(tasks, timeout=deadline - loop.time())
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

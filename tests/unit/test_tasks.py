@@ -50,6 +50,29 @@ async def test_a_task_of_the_owner_can_close_it() -> None:
     assert root.tree() == []
 
 
+async def test_a_close_within_leaves_a_stuck_task_to_end_in_the_background(
+        caplog: pytest.LogCaptureFixture) -> None:
+    root = Owner("daemon")
+    sessions = root.child("streaming server", close_within=0.05)
+    release = asyncio.Event()
+
+    async def stuck() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await release.wait()  # a cleanup that ignores the cancellation
+
+    task = sessions.spawn(stuck(), "session")
+    await asyncio.sleep(0)
+    await asyncio.wait_for(sessions.aclose(), 5)
+    await asyncio.wait_for(root.aclose(), 5)  # closing it again is bounded too
+    assert not task.done()
+    assert "daemon/streaming server: 1 tasks still ending" in caplog.text
+    release.set()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 5)
+    assert len(sessions) == 0
+
+
 async def test_owner_logs_a_failed_task_by_name(caplog: pytest.LogCaptureFixture) -> None:
     owner = Owner("sampler")
 

@@ -49,7 +49,7 @@ class CRIPlugin:
             runtime=self.streams, address=server_config.stream_server_address,
             port=int(server_config.stream_server_port),
             idle_timeout=float(server_config.stream_idle_timeout), tls=tls,
-            owner=core.owner.child("streaming server"))
+            parent=core.owner)
 
     def register(self, server: grpc.aio.Server) -> None:
         # The instrumented servicers have every method of their service, set by name.

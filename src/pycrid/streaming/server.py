@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 #: How long a client may take to send its HTTP request line and headers.
 REQUEST_TIMEOUT = 30.0
+#: How long closing the server waits for its sessions to end (the rest end in the
+#: background).
+SESSIONS_CLOSE_WITHIN = 10.0
 _KINDS: dict[str, type[StreamRequest]] = {
     "exec": ExecRequest, "attach": AttachRequest, "portforward": PortForwardRequest}
 _PATHS = {kind: path for path, kind in _KINDS.items()}
@@ -66,7 +69,7 @@ class StreamServer:
     def __init__(self, *, runtime: StreamRuntime, address: str = "127.0.0.1", port: int = 0,
                  idle_timeout: float = 4 * 3600, tls: ssl.SSLContext | None = None,
                  tokens: TokenCache[StreamRequest] | None = None,
-                 owner: Owner | None = None) -> None:
+                 parent: Owner | None = None) -> None:
         self.runtime = runtime
         self.address = address
         self.port = port
@@ -74,8 +77,11 @@ class StreamServer:
         self.tls = tls
         self.tokens: TokenCache[StreamRequest] = tokens if tokens is not None else TokenCache()
         self._server: asyncio.Server | None = None
-        #: One task per client connection (made here unless the caller gives one).
-        self._connections = owner if owner is not None else Owner("streaming server")
+        #: One task per client connection. A close waits at most SESSIONS_CLOSE_WITHIN
+        #: for them: a session stuck in its cleanup must not hold up the daemon's stop.
+        self._connections = (
+            parent.child("streaming server", SESSIONS_CLOSE_WITHIN) if parent is not None
+            else Owner("streaming server", SESSIONS_CLOSE_WITHIN))
         self.base_url = ""
 
     async def start(self) -> None:
@@ -101,10 +107,7 @@ class StreamServer:
         """Stop listening and end every session (their processes and connections)."""
         if self._server is not None:
             self._server.close()
-        # At most 10 s for the sessions to end: one stuck in its cleanup must not hold up
-        # the daemon's stop (it goes on ending in the background).
-        closing = asyncio.ensure_future(self._connections.aclose())
-        await asyncio.wait([closing], timeout=10)
+        await self._connections.aclose()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
