@@ -64,12 +64,15 @@ def parse(text: str) -> Iterator[MountEntry]:
                          rfields[0], unescape(rfields[1]), tuple(rfields[2].split(",")))
 
 
-def read(path: str = MOUNTINFO) -> list[MountEntry]:
-    """This process's mount table now ([] when it cannot be read)."""
+def read(path: str = MOUNTINFO, *, strict: bool = False) -> list[MountEntry]:
+    """This process's mount table now; [] when it cannot be read, unless ``strict`` (an
+    unmount must not take an unreadable table for one without mounts)."""
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             return list(parse(f.read()))
     except OSError:
+        if strict:
+            raise
         return []
 
 

@@ -117,7 +117,7 @@ def real_dir_beneath(root: str, path: str) -> str:
 def mounts_under(path: str) -> list[str]:
     """Mount points at or below ``path``, deepest first (the order to unmount them in)."""
     base = os.path.realpath(path).rstrip("/")
-    found = [m.mount_point for m in mountinfo.read()
+    found = [m.mount_point for m in mountinfo.read(strict=True)
              if m.mount_point == base or m.mount_point.startswith(base + "/")]
     # Deepest first; among mounts stacked on one path, the newest (listed last) first.
     order = {mp: i for i, mp in enumerate(found)}
