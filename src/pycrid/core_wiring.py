@@ -81,6 +81,14 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
     events = ContainerEvents(sandboxes, ctr_store)
     driver = configured_driver(runtime_config.cgroup_driver)
     paths = ContainerPaths(state_dir=state, root_dir=root)
+    resource_policy = ResourcePolicy(
+        host.cgroups, runtime_config.disable_hugetlb_controller,
+        runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit)
+    bundles = SnapshotBundles(images.snapshotter, paths, BundleSettings(
+        host=HostInput.from_facts(host),
+        policy=SpecPolicy(cgroup_driver=driver, resources=resource_policy,
+                          unset_seccomp_profile=runtime_config.unset_seccomp_profile),
+        handlers=handlers, default_handler=runtime_config.default_runtime_name))
     # NRI and the containers need each other: the relay's actions call the container
     # operations on the parts built just below.
     containers: ContainerParts
@@ -90,20 +98,12 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                   pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
                   pod_namespaces=lambda rec: (controller.namespaces(rec)
                                               if rec.controller == "pinned" else None),
-                  bundle_of=paths.bundle),
+                  read_spec=bundles.read_spec),
               actions=ContainerActions(
                   apply_resources=lambda cid, res: apply_resources(containers, cid, res),
                   evict=lambda cid, why: evict(containers, cid, why)),
               host=HostSupport.from_facts(host), instruments=inputs.nri_instruments,
               owner=inputs.owner.child("nri"))
-    resource_policy = ResourcePolicy(
-        host.cgroups, runtime_config.disable_hugetlb_controller,
-        runtime_config.tolerate_missing_hugetlb_controller, runtime_config.pids_limit)
-    bundles = SnapshotBundles(images.snapshotter, paths, BundleSettings(
-        host=HostInput.from_facts(host),
-        policy=SpecPolicy(cgroup_driver=driver, resources=resource_policy,
-                          unset_seccomp_profile=runtime_config.unset_seccomp_profile),
-        handlers=handlers, default_handler=runtime_config.default_runtime_name))
     containers = ContainerParts(
         store=ctr_store, sandboxes=sandboxes, controller=controller, runtime=runtime,
         bundles=bundles, images=images, paths=paths, locks=locks, nri=nri, events=events,

@@ -42,7 +42,6 @@ from pycrid.oci.cdi import CdiRegistry
 from pycrid.oci.nri_apply import apply_adjustment
 from pycrid.oci.nri_host_support import HostSupport
 from pycrid.oci.spec import Namespaces
-from pycrid.runtime.bundle import read_spec
 from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
 from pycrid.tasks import Owner
 
@@ -55,10 +54,6 @@ ApplyResources = Callable[[str, dict[str, Any]], Awaitable[None]]
 Evict = Callable[[str, str], Coroutine[Any, Any, None]]
 
 
-def _no_namespaces(rec: SandboxRecord) -> Namespaces | None:
-    return None
-
-
 @dataclass(frozen=True)
 class RelaySources:
     """What the relay reads to describe pods and containers to plugins."""
@@ -66,8 +61,9 @@ class RelaySources:
     sandboxes: RecordStore[SandboxRecord]
     containers: RecordStore[ContainerRecord]
     pod_cgroups_path: Callable[[SandboxRecord], str]
-    bundle_of: Callable[[str], str]
-    pod_namespaces: Callable[[SandboxRecord], Namespaces | None] = _no_namespaces
+    pod_namespaces: Callable[[SandboxRecord], Namespaces | None]
+    #: A container's spec as its bundle holds it (ContainerBundles.read_spec).
+    read_spec: Callable[[str], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ class NRI:
         self.containers = sources.containers
         self._pod_cgroups_path = sources.pod_cgroups_path
         self._pod_namespaces = sources.pod_namespaces
-        self.bundle_of = sources.bundle_of
+        self._read_spec = sources.read_spec
         self.actions = actions
         self.host = host
         self.cdi = cdi or CdiRegistry()
@@ -122,7 +118,7 @@ class NRI:
                 self._pods_stopped.add(rec.id)
         for c in self.containers.all():
             try:
-                spec = read_spec(self.bundle_of(c.id))
+                spec = self._read_spec(c.id)
             except NotFound:
                 spec = {}
             self._ctrs[c.id] = container_object(c, spec)

@@ -22,7 +22,6 @@ from pycrid.core.pods.pod_parts import PodParts
 from pycrid.core.sessions import until_ended
 from pycrid.errors import FailedPrecondition, InvalidArgument
 from pycrid.network.sandbox_network import SandboxNetwork
-from pycrid.runtime.bundle import read_spec
 from pycrid.stdio import (
     AttachRequest,
     ByteStream,
@@ -100,7 +99,7 @@ class ContainerStreams:
 
     async def exec(self, request: ExecRequest, io: ProcessIO) -> int:
         rec = self._session_container(request.container_id)
-        process = read_spec(self.containers.paths.bundle(rec.id))["process"]
+        process = self.containers.bundles.read_spec(rec.id)["process"]
         process["args"] = list(request.cmd)
         process["terminal"] = request.tty
         if request.tty:  # containerd sets TERM for terminal execs
