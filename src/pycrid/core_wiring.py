@@ -53,11 +53,11 @@ class CoreInputs:
     #: Pods with a pause container; ``pinned`` (when given) pods without one.
     controller: SandboxController
     host: HostFacts
+    #: The daemon's owner of the core's tasks.
+    owner: Owner
     handlers: Mapping[str, HandlerSpec] = field(default_factory=dict)
     pinned: SandboxController | None = None
     nri_instruments: PluginInstruments | None = None
-    #: The daemon's owner of the core's tasks (tests: a fresh one).
-    owner: Owner = field(default_factory=lambda: Owner("cri"))
 
 
 

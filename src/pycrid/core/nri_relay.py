@@ -77,7 +77,7 @@ class ContainerActions:
 class NRI:
     def __init__(self, config: NRIConfig, *, sources: RelaySources, actions: ContainerActions,
                  host: HostSupport, instruments: PluginInstruments | None = None,
-                 cdi: CdiRegistry | None = None, owner: Owner | None = None) -> None:
+                 owner: Owner, cdi: CdiRegistry | None = None) -> None:
         self.config = config
         self.sandboxes = sources.sandboxes
         self.containers = sources.containers
@@ -87,7 +87,7 @@ class NRI:
         self.actions = actions
         self.host = host
         self.cdi = cdi or CdiRegistry()
-        self._owner = owner or Owner("nri")
+        self._owner = owner
         self._evictions = self._owner.child("evictions")
         self.adaptation = (None if config.disable else
                            Adaptation(config, runtime_name=RUNTIME_NAME,

@@ -64,7 +64,7 @@ class StatsService:
     def __init__(self, *, pods: PodParts, containers: ContainerParts,
                  snapshotter: Snapshotter, period: float, cgroup_driver: CgroupDriver,
                  anchor: Callable[[SandboxRecord], SandboxAnchor],
-                 hierarchy: Hierarchy, owner: Owner | None = None) -> None:
+                 hierarchy: Hierarchy, owner: Owner) -> None:
         self.pods = pods
         self.containers = containers
         #: Which cgroup and process stand for a pod (PodAnchors.of).

@@ -53,7 +53,6 @@ def finish(parts: ContainerParts, cid: str, at_ns: int, code: int, reason: str,
            message: str) -> None:
     rec = parts.store.update(cid, finished_at=at_ns, exit_code=code, reason=reason,
                              message=message, pid=0)
-    if parts.anchors is not None:
-        parts.anchors.refresh(rec.sandbox_id)
+    parts.anchors.refresh(rec.sandbox_id)
     parts.events.emit(events.STOPPED, cid, rec.sandbox_id)
     parts.sessions.end(cid, f"container {cid} exited with {code}")

@@ -76,7 +76,7 @@ class ContainerParts:
     #: Host cgroup facts (probed once, at start) and the resource config keys.
     resource_policy: ResourcePolicy
     #: Told when a container starts or exits: it may now stand for its pod.
-    anchors: PodAnchors | None = None
+    anchors: PodAnchors
     names: NameRegistrar = field(default_factory=lambda: NameRegistrar("container"))
     #: Exec and attach sessions (and, by pod id, port-forwards), ended with the object.
     sessions: SessionEnds = field(default_factory=SessionEnds)

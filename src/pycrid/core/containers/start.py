@@ -49,7 +49,6 @@ async def _start_locked(parts: ContainerParts, cid: str) -> None:
     # Killed here, recovery finds runc's container running and finishes the start.
     failpoint("container.started")
     rec = parts.store.update(rec.id, started_at=started)
-    if parts.anchors is not None:
-        parts.anchors.refresh(rec.sandbox_id)
+    parts.anchors.refresh(rec.sandbox_id)
     parts.events.emit(events.STARTED, rec.id, rec.sandbox_id)
     await parts.nri.post_start(rec)
