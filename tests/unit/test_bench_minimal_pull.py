@@ -3,22 +3,18 @@ the work it claims, so it must refuse a blob or a tar that does not hash as name
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import http.server
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import zstandard
 from bench.pull import REPO, minimal_layer
 
+from tests.support.images import digest_of
+from tests.support.layers import compress
+
 TAR = bytes(range(256)) * 4096  # 1 MiB: more than one read of the loop
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 @pytest.fixture
@@ -55,11 +51,10 @@ def registry() -> Iterator[tuple[int, dict[str, bytes]]]:
 def test_minimal_layer_verifies_and_writes_blob_and_tar(
         registry: tuple[int, dict[str, bytes]], tmp_path: Path, compression: str) -> None:
     port, blobs = registry
-    blob = (gzip.compress(TAR) if compression == "gzip"
-            else zstandard.ZstdCompressor().compress(TAR))
-    digest = _digest(blob)
+    blob = compress(TAR, compression)
+    digest = digest_of(blob)
     blobs[digest] = blob
-    assert minimal_layer(port, digest, compression, _digest(TAR), tmp_path) == len(blob)
+    assert minimal_layer(port, digest, compression, digest_of(TAR), tmp_path) == len(blob)
     name = digest.split(":", 1)[1]
     assert (tmp_path / f"{name}.blob").read_bytes() == blob
     assert (tmp_path / f"{name}.tar").read_bytes() == TAR
@@ -68,17 +63,17 @@ def test_minimal_layer_verifies_and_writes_blob_and_tar(
 def test_minimal_layer_refuses_a_wrong_diff_id(
         registry: tuple[int, dict[str, bytes]], tmp_path: Path) -> None:
     port, blobs = registry
-    blob = gzip.compress(TAR)
-    blobs[_digest(blob)] = blob
+    blob = compress(TAR, "gzip")
+    blobs[digest_of(blob)] = blob
     with pytest.raises(RuntimeError, match="does not match"):
-        minimal_layer(port, _digest(blob), "gzip", _digest(TAR + b"x"), tmp_path)
+        minimal_layer(port, digest_of(blob), "gzip", digest_of(TAR + b"x"), tmp_path)
 
 
-def test_minimal_layer_refuses_a_blob_that_is_not_its_digest(
+def test_minimal_layer_refuses_a_blob_that_is_not_itsdigest_of(
         registry: tuple[int, dict[str, bytes]], tmp_path: Path) -> None:
     port, blobs = registry
-    blob = gzip.compress(TAR)
-    named = _digest(b"another blob")
+    blob = compress(TAR, "gzip")
+    named = digest_of(b"another blob")
     blobs[named] = blob
     with pytest.raises(RuntimeError, match="does not match"):
-        minimal_layer(port, named, "gzip", _digest(TAR), tmp_path)
+        minimal_layer(port, named, "gzip", digest_of(TAR), tmp_path)

@@ -46,6 +46,14 @@ EVENT_METHODS: dict[int, str] = {
 }
 """Each event and the Plugin method that delivers it."""
 
+STATE_CHANGE_EVENTS = frozenset({
+    Event.RUN_POD_SANDBOX, Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX,
+    Event.POST_UPDATE_POD_SANDBOX, Event.POST_CREATE_CONTAINER, Event.START_CONTAINER,
+    Event.POST_START_CONTAINER, Event.POST_UPDATE_CONTAINER, Event.REMOVE_CONTAINER,
+})
+"""The events that may travel as the deprecated StateChange (those whose answer carries
+nothing): a runtime falls back to it for a plugin without the event's own method."""
+
 VALID_EVENTS = (1 << (Event.LAST - 1)) - 1
 """Every event bit a plugin may subscribe to (0x3FFF)."""
 

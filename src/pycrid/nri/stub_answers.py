@@ -48,17 +48,7 @@ SIMPLE_EVENTS: dict[str, tuple[str, tuple[str, ...], bool]] = {
 """Plugin methods whose events only pass request fields to a handler:
 (handler, request fields in argument order, whether the answer carries updates)."""
 
-STATE_CHANGE_ROUTES = {
-    api.Event.RUN_POD_SANDBOX: "RunPodSandbox",
-    api.Event.STOP_POD_SANDBOX: "StopPodSandbox",
-    api.Event.REMOVE_POD_SANDBOX: "RemovePodSandbox",
-    api.Event.POST_UPDATE_POD_SANDBOX: "PostUpdatePodSandbox",
-    api.Event.POST_CREATE_CONTAINER: "PostCreateContainer",
-    api.Event.START_CONTAINER: "StartContainer",
-    api.Event.POST_START_CONTAINER: "PostStartContainer",
-    api.Event.POST_UPDATE_CONTAINER: "PostUpdateContainer",
-    api.Event.REMOVE_CONTAINER: "RemoveContainer",
-}
+STATE_CHANGE_ROUTES = {ev: api.EVENT_METHODS[ev] for ev in api.STATE_CHANGE_EVENTS}
 """The events a runtime may resend as the deprecated StateChange (those whose
 answer carries nothing), and the method each stands for."""
 

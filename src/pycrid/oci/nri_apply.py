@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pycrid.nri import api
+from pycrid.oci.defaults import Spec
 from pycrid.oci.nri_apply_linux import (
     adjust_devices,
     adjust_mounts,
@@ -39,7 +40,6 @@ from pycrid.oci.nri_apply_linux import (
     adjust_sysctl,
 )
 from pycrid.oci.nri_apply_process import (
-    Spec,
     adjust_annotations,
     adjust_args,
     adjust_env,

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from pycrid.nri import api
-from pycrid.oci.nri_apply_process import Spec, removals_first
+from pycrid.oci.defaults import Spec
+from pycrid.oci.nri_apply_process import removals_first
 from pycrid.oci.nri_host_support import HostSupport, bad, cannot, need_runc
 from pycrid.oci.spec_mounts import clean
 

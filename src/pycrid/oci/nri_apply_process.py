@@ -8,9 +8,8 @@ from typing import Any
 
 from pycrid.host.facts import RLIMIT_NAMES
 from pycrid.nri import api
+from pycrid.oci.defaults import Spec
 from pycrid.oci.nri_host_support import HostSupport, bad, cannot, need_runc
-
-Spec = dict[str, Any]
 
 # NRI hook list → OCI hook list.
 HOOK_LISTS = {"prestart": "prestart", "create_runtime": "createRuntime",

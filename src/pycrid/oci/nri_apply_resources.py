@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pycrid.nri import api
-from pycrid.oci.nri_apply_process import Spec
+from pycrid.oci.defaults import Spec
 from pycrid.oci.nri_host_support import HostSupport, bad, cannot, need_runc
 
 

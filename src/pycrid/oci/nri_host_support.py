@@ -1,8 +1,9 @@
 """What the host and its runc can honour (``HostSupport``), and how an NRI adjustment is
 refused: bad values are InvalidArgument, what this host cannot honour FailedPrecondition.
 
-``HostSupport`` holds facts only, taken from the node's ``HostFacts`` (probed once at
-start), so applying an adjustment never reads the host itself.
+``HostSupport`` holds the node's ``HostFacts`` (probed once at start), and one reader
+that cannot be a fact: the propagation of a mount's source, read from the mount table at
+each use since mounts come and go.
 """
 
 from __future__ import annotations

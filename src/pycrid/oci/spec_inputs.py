@@ -86,7 +86,6 @@ class HandlerOptions:
 
 
 #: The defaults, for callers that leave a group out.
-NO_IMAGE = ImageInput()
 DEFAULT_HOST = HostInput()
 DEFAULT_POLICY = SpecPolicy()
 NO_HANDLER = HandlerOptions()

@@ -61,11 +61,6 @@ class RuncState:
             status = RuncStatus.UNKNOWN
         return cls(str(doc.get("id", "")), status, int(doc.get("pid") or 0), doc)
 
-    @property
-    def alive(self) -> bool:
-        """Its init process exists (created and not yet stopped)."""
-        return self.status not in (RuncStatus.STOPPED, RuncStatus.UNKNOWN)
-
 
 @dataclass(frozen=True)
 class ExecResult:

@@ -75,9 +75,9 @@ PORT_FORWARD_TUNNEL_PROTOCOL: Final = "SPDY/3.1+" + PORT_FORWARD_SPDY_PROTOCOL
 STDIN: Final = 0
 STDOUT: Final = 1
 STDERR: Final = 2
-#: Server to client: the final status of the command (see ``status_command.py``).
+#: Server to client: the final status of the command (see ``side_streams.py``).
 ERROR: Final = 3
-#: Client to server: JSON terminal sizes (see ``status.ResizeDecoder``).
+#: Client to server: JSON terminal sizes (see ``side_streams.ResizeDecoder``).
 RESIZE: Final = 4
 #: v5 only: "I will write no more on channel N".
 CLOSE: Final = 255

@@ -52,14 +52,6 @@ SyncFn = Callable[[list[api.PodSandbox], list[api.Container]],
                   Awaitable[list[api.ContainerUpdate]]]
 
 #: Events a plugin that answers Unimplemented gets as the deprecated StateChange instead.
-STATE_CHANGE_FALLBACK = frozenset({
-    api.Event.RUN_POD_SANDBOX, api.Event.STOP_POD_SANDBOX, api.Event.REMOVE_POD_SANDBOX,
-    api.Event.POST_UPDATE_POD_SANDBOX, api.Event.POST_CREATE_CONTAINER,
-    api.Event.START_CONTAINER, api.Event.POST_START_CONTAINER,
-    api.Event.POST_UPDATE_CONTAINER, api.Event.REMOVE_CONTAINER,
-})
-
-
 class PluginError(Unknown):
     """A plugin refused an event that may fail its CRI call."""
 
@@ -231,7 +223,7 @@ class Adaptation:
                     except PluginGone as e:
                         log.warning("%s (during %s)", e, method)
                     except PluginFailed as e:
-                        if e.code == Code.UNIMPLEMENTED and event in STATE_CHANGE_FALLBACK:
+                        if e.code == Code.UNIMPLEMENTED and event in api.STATE_CHANGE_EVENTS:
                             await self._state_change(plugin, event, request, may_fail)
                         elif may_fail:
                             raise PluginError(str(e)) from None

@@ -20,17 +20,13 @@ def clone(message: _M) -> _M:
     return copy
 
 
-def unmarked(key: str) -> str:
-    return api.clear_removal_marker(key) if api.is_marked_for_removal(key) else key
-
-
 def drop_keys(
     entries: RepeatedCompositeFieldContainer[_M], key_of: Callable[[_M], str], keys: set[str]
 ) -> None:
     """Remove the entries (values or removal markers) whose key is in ``keys``."""
     if not keys:
         return
-    kept = [clone(e) for e in entries if unmarked(key_of(e)) not in keys]
+    kept = [clone(e) for e in entries if api.clear_removal_marker(key_of(e)) not in keys]
     del entries[:]
     entries.extend(kept)
 
