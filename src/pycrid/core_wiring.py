@@ -124,7 +124,7 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                          anchor=anchors.of, hierarchy=hierarchy_of(host.cgroup_mounts),
                          owner=inputs.owner.child("stats"))
     parts = CoreParts(images=images, pods=pods, containers=containers, runtime=runtime,
-                      nri=nri, network=network, events=events, stats=stats, anchors=anchors,
+                      nri=nri, events=events, stats=stats, anchors=anchors,
                       handlers=handlers, host=host)
     return CRIService(parts, settings, owner=inputs.owner, layout=orphans.Layout(
         root=root, state=state, exit_dir=runtime.exit_dir))

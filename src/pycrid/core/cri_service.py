@@ -34,7 +34,6 @@ from pycrid.core.status_info import DaemonInfo, ImageInfo, NRIInfo, StatusInfo
 from pycrid.events.monitor import ExitMonitor
 from pycrid.host.facts import HostFacts
 from pycrid.images.image_service import ImageService
-from pycrid.network.pod_networks import PodNetworks
 from pycrid.runtime.exits import Exit, ExitWatcher
 from pycrid.runtime.handlers import HandlerFeatures, HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
@@ -85,7 +84,6 @@ class CoreParts:
     containers: ContainerParts
     runtime: ContainerRuntime
     nri: NRI
-    network: PodNetworks
     events: ContainerEvents
     #: Container and pod stats: owns the one sampling loop (started in start()).
     stats: StatsService
@@ -99,7 +97,7 @@ class CRIService:
     def __init__(self, parts: CoreParts, settings: CoreConfig, *, layout: orphans.Layout,
                  owner: Owner) -> None:
         self.images = parts.images
-        self.network = parts.network
+        self.network = parts.pods.network
         self.nri = parts.nri
         self.pods = parts.pods
         self.containers = parts.containers

@@ -29,6 +29,21 @@ class NetnsCNI(SandboxNetwork):
         self.netns_dir = netns_dir
         os.makedirs(netns_dir, mode=0o711, exist_ok=True)
 
+    async def start(self) -> None:
+        await self.networks.start()
+
+    async def aclose(self) -> None:
+        await self.networks.aclose()
+
+    async def not_ready_reason(self) -> str | None:
+        return await self.networks.not_ready_reason()
+
+    def describe(self) -> dict[str, Any]:
+        return self.networks.describe()
+
+    async def update_pod_cidr(self, pod_cidr: str) -> None:
+        await self.networks.update_pod_cidr(pod_cidr)
+
     def validate(self, config: pb.PodSandboxConfig) -> None:
         bandwidth(config.annotations)  # refuses unreadable limits
 

@@ -18,6 +18,28 @@ from cri_api.v1 import api_pb2 as pb
 
 
 class SandboxNetwork(abc.ABC):
+    # ---- the network's own life and state ----------------------------------------------
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the network configuration and watch it (before recovery: it may DEL)."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop watching the configuration."""
+
+    @abc.abstractmethod
+    async def not_ready_reason(self) -> str | None:
+        """Why pods cannot get a network now (the NetworkReady condition), or None."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The networks in use, for the status output."""
+
+    @abc.abstractmethod
+    async def update_pod_cidr(self, pod_cidr: str) -> None:
+        """The node's pod CIDRs, as the kubelet gives them (UpdateRuntimeConfig)."""
+
     @abc.abstractmethod
     def validate(self, config: pb.PodSandboxConfig) -> None:
         """Refuse a config the network could not honour (unreadable bandwidth limits),
