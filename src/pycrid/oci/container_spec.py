@@ -4,7 +4,7 @@ A pure function over the CRI request, the image and the facts its caller passes 
 every rule cites its section of CRI-TO-OCI.md. Resources come from oci/resources.py,
 seccomp/AppArmor/SELinux/sysctl rules from oci/security.py. Not here: SELinux labels
 (no host here has SELinux; options are accepted and ignored, as containerd does
-without it), host device discovery (oci/devices.py), CDI, NRI adjustments
+without it), host device discovery (runtime/devices.py), CDI, NRI adjustments
 (oci/nri_apply.py).
 """
 

@@ -24,7 +24,6 @@ from pycrid.errors import InvalidArgument
 from pycrid.faults import failpoint
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
-from pycrid.oci.devices import cri_devices, nodes_under
 from pycrid.oci.spec_inputs import NO_HANDLER, HandlerOptions, HostInput, ImageInput, SpecPolicy
 from pycrid.oci.spec_mounts import IMAGE_VOLUME_FAILED
 from pycrid.runtime.bundle import (
@@ -42,6 +41,7 @@ from pycrid.runtime.container_bundles import (
     ContainerBundles,
     VolumeImage,
 )
+from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
 
