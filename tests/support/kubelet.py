@@ -10,6 +10,7 @@ what it could not.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -33,6 +34,21 @@ HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: The cgroup it makes for pods (cgroupsPerQOS with the cgroupfs driver).
 KUBEPODS = "kubepods"
+#: One kubelet per host at a time: each owns the node's ``kubepods`` cgroups (and removes
+#: pod cgroups it does not know) and puts back the sysctls it changed, so two test
+#: processes running kubelets at once would undo each other.
+HOST_LOCK = "/run/pycrid-test-kubelet.lock"
+
+
+@contextlib.contextmanager
+def host_lock() -> Iterator[None]:
+    """Wait for, then hold, the host-wide kubelet lock (released when the test ends)."""
+    with open(HOST_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)
@@ -215,6 +231,17 @@ def running_kubelet(binary: str, base: str, *, runtime_socket: str,
     show up sooner). ``cleanup`` runs after the kubelet stopped and before the host is
     restored (to remove the pods it left in the runtime). Whatever could not be restored
     is an AssertionError."""
+    with host_lock():
+        yield from _running_kubelet(binary, base, runtime_socket=runtime_socket,
+                                    manifests=manifests, feature_gates=feature_gates,
+                                    containerd_socket=containerd_socket,
+                                    housekeeping=housekeeping, cleanup=cleanup)
+
+
+def _running_kubelet(binary: str, base: str, *, runtime_socket: str,
+                     manifests: Mapping[str, str], feature_gates: Mapping[str, bool] | None,
+                     containerd_socket: str, housekeeping: str,
+                     cleanup: Callable[[], None] | None) -> Iterator[Kubelet]:
     before = host_state()
     root = os.path.join(base, "root")
     static = os.path.join(base, "manifests")
