@@ -31,6 +31,7 @@ from pycrid.oci.nri_host_support import HostSupport
 from pycrid.oci.resources import ResourcePolicy
 from pycrid.oci.spec import configured_driver
 from pycrid.oci.spec_inputs import HostInput, SpecPolicy
+from pycrid.operations import Operations
 from pycrid.runtime.bundle import ContainerPaths
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime
@@ -107,7 +108,8 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
     containers = ContainerParts(
         store=ctr_store, sandboxes=sandboxes, controller=controller, runtime=runtime,
         bundles=bundles, images=images, paths=paths, locks=locks, nri=nri, events=events,
-        resource_policy=resource_policy, anchors=anchors)
+        resource_policy=resource_policy, anchors=anchors,
+        operations=Operations(inputs.owner.child("operations")))
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"),
                           owner=inputs.owner.child("CNI conf dirs"))

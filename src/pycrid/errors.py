@@ -55,6 +55,18 @@ class ResourceExhausted(PycridError):
     kind = "RESOURCE_EXHAUSTED"
 
 
+class NoSpace(ResourceExhausted):
+    """The node is out of disk space or quota (ENOSPC, EDQUOT, SQLite's "database or disk
+    is full"): the message names the path, its file system and what was being written
+    (``host/space.py`` makes it)."""
+
+
+class Cancelled(PycridError):
+    """The operation's client went away (deadline or cancel) and it was undone."""
+
+    kind = "CANCELLED"
+
+
 class DataLoss(PycridError):
     """Content that fails verification: wrong digest, corrupt archive, short read."""
 

@@ -31,15 +31,21 @@ class Owner:
         self._children: list[Owner] = []
         self._closed = False
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        """Run ``coro`` as a task of this owner until it returns or the owner closes."""
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str, *,
+              report: bool = True) -> asyncio.Task[T]:
+        """Run ``coro`` as a task of this owner until it returns or the owner closes. A
+        failure is logged unless ``report`` is false (someone awaits the task for it)."""
         if self._closed:
             coro.close()
             raise RuntimeError(f"{self.name} is closed: cannot start {name}")
         task = asyncio.create_task(coro, name=f"{self.name}: {name}")
         self._tasks.add(task)
-        task.add_done_callback(self._finished)
+        task.add_done_callback(self._finished if report else self._tasks.discard)
         return task
+
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        """This owner's live tasks (not its children's)."""
+        return set(self._tasks)
 
     def child(self, name: str, close_within: float | None = None) -> Owner:
         """A sub-owner, closed (before this owner's own tasks) when this one closes."""

@@ -181,8 +181,10 @@ class CRIService:
             log.warning("removed orphaned %s (no record owns it)", what)
 
     async def aclose(self) -> None:
-        """Containers keep running under conmon; stop watching, end event streams, shut
-        NRI plugins down."""
+        """Containers keep running under conmon; let the calls under way end (those whose
+        client went away undo themselves at their next step), stop watching, end event
+        streams, shut NRI plugins down."""
+        await self.containers.operations.aclose()
         self.exits.close()
         await self.stats.aclose()
         await self._checks.aclose()

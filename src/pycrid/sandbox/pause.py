@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pycrid.errors import InvalidArgument, NotFound
-from pycrid.faults import failpoint
+from pycrid.faults import failpoint, step
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
@@ -110,9 +110,9 @@ class PauseController(SandboxController):
         pid = await self.runtime.create(CreateOptions(
             id=sandbox_id, bundle=self.bundle(sandbox_id), name=f"pause-{sandbox_id[:12]}",
             runtime_handler=self._handler_of.pop(sandbox_id, "")))
-        failpoint("sandbox.created")
+        await step("sandbox.created")
         await self.runtime.start(sandbox_id)
-        failpoint("sandbox.started")
+        await step("sandbox.started")
         return pid
 
     async def stop(self, sandbox_id: str, grace: float = 0) -> None:

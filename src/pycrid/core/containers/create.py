@@ -1,10 +1,11 @@
 """CreateContainer: reserve the name, record the intent, have the bundle built, let NRI
-adjust the spec, create the runc container; each step's undo is pushed right after it
-succeeds, so a failure at any point leaves nothing behind."""
+adjust the spec, create the runc container; each step's undo is pushed as the step
+begins (every undo is idempotent), so a failure at any point leaves nothing behind. The
+call runs detached from its client (operations.py): a client that goes away makes it
+stop at its next named step and undo itself."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -18,9 +19,10 @@ from pycrid.core.containers.parts import ContainerParts, now_ns
 from pycrid.core.containers.remove import cleanup
 from pycrid.core.registrar import resolve_prefix
 from pycrid.errors import FailedPrecondition, InvalidArgument, NotFound
-from pycrid.faults import failpoint
+from pycrid.faults import step
 from pycrid.oci.resources import record_of
 from pycrid.oci.spec_mounts import IMAGE_VOLUME_FAILED, check_image_mount, is_image_mount
+from pycrid.operations import Undo, detached, finish
 from pycrid.runtime.container_bundles import (
     ContainerBundleRequest,
     ContainerImage,
@@ -56,6 +58,7 @@ def _validate(config: pb.ContainerConfig) -> None:
         raise InvalidArgument(f"container {config.metadata.name!r}: image is not set")
 
 
+@detached("CreateContainer", undo_on_cancel=True)
 async def create_container(parts: ContainerParts, sandbox_prefix: str,
                            config: pb.ContainerConfig,
                            sandbox_config: pb.PodSandboxConfig | None) -> str:
@@ -109,7 +112,7 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
     if sandbox.config.log_directory and config.log_path:
         log_path = os.path.join(sandbox.config.log_directory, config.log_path)
 
-    async with contextlib.AsyncExitStack() as undo:
+    async with Undo() as undo:
         parts.names.reserve(name, cid)
         undo.callback(parts.names.release, name)
         log.info("creating container %s (%s) in pod sandbox %s", cid, name, sandbox.id)
@@ -120,28 +123,30 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
             image_ref=view.repo_digests[0] if view.repo_digests else image.id,
             log_path=log_path, stop_signal=stop_signal))
         undo.callback(parts.store.delete, cid)
-        failpoint("container.record")
+        await step("container.record")
         undo.push_async_callback(cleanup, parts, cid)
-        built = await parts.bundles.build(ContainerBundleRequest(
+        # Snapshots, mounts and volume copies are made by threads: never cut short.
+        built = await finish(parts.bundles.build(ContainerBundleRequest(
             cid, config,
             ContainerPod(sandbox.id, pod_config, namespaces=parts.controller.namespaces(sandbox),
                          files=parts.controller.files(sandbox.id),
                          runtime_handler=sandbox.runtime_handler),
             ContainerImage(image_config, image.chain[-1] if image.chain else None,
                            volume_images),
-            target_pid=_target_pid(parts, config, sandbox)))
+            target_pid=_target_pid(parts, config, sandbox))))
         spec = built.spec
         undo.push_async_callback(parts.nri.undo_container, cid)  # Stop and Remove
         await parts.nri.create_container(rec, spec)
-        await parts.bundles.write_spec(cid, spec)
-        failpoint("container.bundle")
+        await finish(parts.bundles.write_spec(cid, spec))
+        await step("container.bundle")
         if log_path:
             os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
-        pid = await parts.runtime.create(CreateOptions(
+        # conmon goes on without us: let it report, so the undo knows what it made.
+        pid = await finish(parts.runtime.create(CreateOptions(
             id=cid, bundle=parts.paths.bundle(cid), name=name, log_path=log_path,
             tty=config.tty, stdin=config.stdin, stdin_once=config.stdin_once,
-            runtime_handler=sandbox.runtime_handler))
-        failpoint("container.created")
+            runtime_handler=sandbox.runtime_handler)))
+        await step("container.created")
         user = spec["process"]["user"]
         rec = parts.store.update(cid, phase=ContainerPhase.CREATED, pid=pid, uid=user["uid"],
                                  gid=user["gid"], groups=tuple(user.get("additionalGids") or ()),

@@ -19,12 +19,14 @@ from pycrid.core.sessions import SessionEnds
 from pycrid.errors import NotFound
 from pycrid.images.image_service import ImageService
 from pycrid.oci.resources import ResourcePolicy
+from pycrid.operations import Operations
 from pycrid.runtime.bundle import ContainerPaths
 from pycrid.runtime.container_bundles import ContainerBundles
 from pycrid.runtime.exits import ExitWaiters
 from pycrid.runtime.interface import ContainerRuntime
 from pycrid.sandbox.controller import SandboxController
 from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
+from pycrid.tasks import Owner
 
 #: How many containers start-up recovery works on at once.
 RECOVERY_CONCURRENCY = 16
@@ -81,6 +83,8 @@ class ContainerParts:
     #: Exec and attach sessions (and, by pod id, port-forwards), ended with the object.
     sessions: SessionEnds = field(default_factory=SessionEnds)
     inflight: InFlight = field(default_factory=InFlight)
+    #: Runs the mutating calls so that a client going away cannot cut them short.
+    operations: Operations = field(default_factory=lambda: Operations(Owner("operations")))
     #: Whoever waits for a container's exit (a stop), woken by the exit watcher.
     waiters: ExitWaiters = field(init=False)
 

@@ -10,9 +10,11 @@ from pycrid.core.containers.parts import ContainerParts
 from pycrid.core.containers.stop import stop_locked
 from pycrid.errors import NotFound
 from pycrid.faults import failpoint
+from pycrid.operations import detached
 from pycrid.store.records import ContainerPhase
 
 
+@detached("RemoveContainer")
 async def remove_container(parts: ContainerParts, prefix: str) -> None:
     try:
         rec = parts.find(prefix)

@@ -12,9 +12,11 @@ from pycrid.core.containers.exited import finish
 from pycrid.core.containers.parts import ContainerParts, now_ns, state_name
 from pycrid.errors import FailedPrecondition
 from pycrid.faults import failpoint
+from pycrid.operations import detached
 from pycrid.store.records import ContainerPhase
 
 
+@detached("StartContainer")
 async def start_container(parts: ContainerParts, prefix: str) -> None:
     async with parts.nri.blocking_sync():
         rec = parts.find(prefix)

@@ -10,6 +10,7 @@ from pycrid.core.containers.exited import record_exit
 from pycrid.core.containers.parts import ContainerParts, now_ns
 from pycrid.errors import DeadlineExceeded, NotFound
 from pycrid.faults import failpoint
+from pycrid.operations import detached
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import RuncStatus
 
@@ -17,6 +18,7 @@ from pycrid.runtime.interface import RuncStatus
 KILL_WAIT = 30.0
 
 
+@detached("StopContainer")
 async def stop_container(parts: ContainerParts, prefix: str, grace: float) -> None:
     """CRI-TO-OCI.md §4: unknown id or not running is success; signal, wait, SIGKILL."""
     try:

@@ -19,8 +19,10 @@ from pycrid.oci.resources import (
     update_payload,
     validate,
 )
+from pycrid.operations import detached
 
 
+@detached("UpdateContainerResources")
 async def update_resources(parts: ContainerParts, prefix: str,
                            linux: pb.LinuxContainerResources | None) -> None:
     """UpdateContainerResources: NRI UpdateContainer may replace the request (a refusal

@@ -17,6 +17,7 @@ from pycrid.core.nri_relay import NRI
 from pycrid.core.registrar import KeyedLocks, NameRegistrar, resolve_prefix
 from pycrid.images.image_service import ImageService
 from pycrid.network.sandbox_network import SandboxNetwork
+from pycrid.operations import Operations
 from pycrid.sandbox.controller import SandboxController
 from pycrid.store.records import PodPhase, RecordStore, SandboxRecord
 
@@ -58,6 +59,11 @@ class PodParts:
     names: NameRegistrar = field(default_factory=lambda: NameRegistrar("sandbox"))
     #: Pods whose pause is being killed on purpose (its exit is no news).
     stopping: set[str] = field(default_factory=set)
+
+    @property
+    def operations(self) -> Operations:
+        """The containers' runner of mutating calls (one for the whole core)."""
+        return self.containers.operations
 
     def find(self, prefix: str, *, visible: bool = False) -> SandboxRecord:
         """The pod ``prefix`` names; with ``visible``, only among ``store.visible()``."""

@@ -10,9 +10,11 @@ from pycrid.core.pods.pod_parts import PodParts, detach
 from pycrid.core.pods.stop import stop_locked
 from pycrid.errors import NotFound
 from pycrid.faults import failpoint
+from pycrid.operations import detached
 from pycrid.store.records import PodPhase, SandboxRecord
 
 
+@detached("RemovePodSandbox")
 async def remove_pod(parts: PodParts, prefix: str) -> None:
     try:
         rec = parts.find(prefix)

@@ -2,14 +2,15 @@
 
 Reserve the name, record the intent, make the network namespace, attach it to the pod
 network (CNI ADD), let the sandbox controller create and start the pause container,
-mark the pod ready; each step's undo is pushed right after it succeeds, so a failure at
-any point leaves nothing behind.
+mark the pod ready; each step's undo is pushed as the step begins (every undo is
+idempotent), so a failure at any point leaves nothing behind. The call runs detached
+from its client (operations.py): a client that goes away makes it stop at its next
+named step and undo itself; a step is never cut in the middle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -20,8 +21,9 @@ from pycrid.core import events
 from pycrid.core.containers import now_ns
 from pycrid.core.pods.pod_parts import PodHandlers, PodParts, detach
 from pycrid.errors import InvalidArgument
-from pycrid.faults import failpoint
+from pycrid.faults import step
 from pycrid.oci.security import validate_pod as validate_pod_security
+from pycrid.operations import Undo, detached, finish, interruptible
 from pycrid.sandbox.controller import SandboxRequest
 from pycrid.store.image_records import ImageRecord
 from pycrid.store.records import PodPhase, SandboxRecord
@@ -29,6 +31,7 @@ from pycrid.store.records import PodPhase, SandboxRecord
 log = logging.getLogger(__name__)
 
 
+@detached("RunPodSandbox", undo_on_cancel=True)
 async def run_pod(parts: PodParts, config: pb.PodSandboxConfig, handler: str) -> str:
     _validate(parts, config, handler)
     chosen = handler or parts.handlers.default  # the record keeps the name as asked
@@ -42,16 +45,15 @@ async def run_pod(parts: PodParts, config: pb.PodSandboxConfig, handler: str) ->
     name = f"{md.name}_{md.namespace}_{md.uid}_{md.attempt}"
     sid = secrets.token_hex(32)
     host_network = config.linux.security_context.namespace_options.network == pb.NODE
-    async with (parts.nri.blocking_sync(), parts.locks(sid).write(),
-                contextlib.AsyncExitStack() as undo):
+    async with (parts.nri.blocking_sync(), parts.locks(sid).write(), Undo() as undo):
         parts.names.reserve(name, sid)
         undo.callback(parts.names.release, name)
         # CRI-O's pair of lines (running, then ready): an operator can follow a pod's
         # id from the request to the result, also when it fails in between.
         log.info("running pod sandbox %s (%s)", sid, name)
         kind = _controller_for(parts.handlers, config, chosen)
-        # A pod without a pause process needs no sandbox image.
-        image = await _sandbox_image(parts) if kind == "pause" else None
+        # A pod without a pause process needs no sandbox image (a pull stops cleanly).
+        image = await interruptible(_sandbox_image(parts)) if kind == "pause" else None
         netns = "" if host_network else parts.network.new_netns_path()
         parts.store.put(SandboxRecord(
             id=sid, name=name, config=config, runtime_handler=handler,
@@ -59,17 +61,18 @@ async def run_pod(parts: PodParts, config: pb.PodSandboxConfig, handler: str) ->
             image_id=image.id if image is not None else "",
             image_name=parts.images.config.sandbox_image if image is not None else ""))
         undo.callback(parts.store.delete, sid)
-        failpoint("sandbox.record")
+        await step("sandbox.record")
         if netns:
-            await parts.network.create_netns(netns)
             undo.push_async_callback(parts.network.remove_netns, netns)
-            failpoint("sandbox.netns")
+            await finish(parts.network.create_netns(netns))  # a thread: never cut short
+            await step("sandbox.netns")
         undo.push_async_callback(parts.controller.shutdown, sid)
         # The pause joins the netns by path and CNI configures the netns: neither waits
         # for the other, so CNI ADD runs beside conmon + runc create/start (about a third
-        # of RunPodSandbox; pycrid.bench.lifecycle). Both are let finish before any unwinding.
+        # of RunPodSandbox; pycrid.bench.lifecycle). Both are let finish before any
+        # unwinding; the pause's threads and conmon are never cut short.
         started, attached = await asyncio.gather(
-            _start_sandbox(parts, sid, config, image, netns, chosen),
+            finish(_start_sandbox(parts, sid, config, image, netns, chosen)),
             _attach(parts, sid, netns, config, handler, undo), return_exceptions=True)
         failures = [o for o in (started, attached) if isinstance(o, BaseException)]
         for extra in failures[1:]:
@@ -137,14 +140,15 @@ async def _start_sandbox(parts: PodParts, sid: str, config: pb.PodSandboxConfig,
 
 
 async def _attach(parts: PodParts, sid: str, netns: str, config: pb.PodSandboxConfig,
-                  handler: str, undo: contextlib.AsyncExitStack) -> None:
-    """CNI ADD; a failed or cancelled ADD DELs itself, a finished one is the pod's."""
+                  handler: str, undo: Undo) -> None:
+    """CNI ADD; a failed or cancelled ADD DELs itself (so a client that goes away stops
+    a slow plugin at once), a finished one is the pod's."""
     if not netns:
         return
-    ips = await parts.network.set_up(sid, netns, config, handler)
+    ips = await interruptible(parts.network.set_up(sid, netns, config, handler))
     undo.push_async_callback(detach, parts, sid)
     parts.store.update(sid, ips=tuple(ips))
-    failpoint("sandbox.network")
+    await step("sandbox.network")
 
 
 async def _sandbox_image(parts: PodParts) -> ImageRecord:

@@ -7,8 +7,10 @@ from pycrid.core.containers import stop as container_stop
 from pycrid.core.pods.pod_parts import PodParts, detach, not_ready
 from pycrid.errors import NotFound
 from pycrid.faults import failpoint
+from pycrid.operations import detached
 
 
+@detached("StopPodSandbox")
 async def stop_pod(parts: PodParts, prefix: str) -> None:
     try:
         rec = parts.find(prefix)

@@ -8,8 +8,10 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.nri_objects import resources_from_cri
 from pycrid.core.pods.pod_parts import PodParts
+from pycrid.operations import detached
 
 
+@detached("UpdatePodSandboxResources")
 async def update_pod_resources(parts: PodParts, prefix: str,
                                overhead: pb.LinuxContainerResources | None,
                                resources: pb.LinuxContainerResources | None) -> None:
