@@ -175,11 +175,12 @@ async def _init_runc(ctx: InitContext) -> Any:
     handlers = load_handlers(config, state)
     runtimes: dict[str, ConmonRuntime] = {}
     cgroups = hierarchy_of(ctx.get_by_id(HOST, "facts").cgroup_mounts)
+    owner = _owner(ctx, "conmon monitors")
     for name, spec in handlers.items():
         runtimes[name] = ConmonRuntime(state_dir=state, runc=spec.runc_binary,
                                        conmon=config.conmon_path, runc_root=spec.runc_root,
                                        systemd_cgroup=config.cgroup_driver == "systemd",
-                                       cgroups=cgroups)
+                                       cgroups=cgroups, owner=owner)
         handlers[name] = dataclasses.replace(
             spec, features=await probe_features(runtimes[name].runc))
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)

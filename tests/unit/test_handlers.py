@@ -127,6 +127,14 @@ class _Recorder(ContainerRuntime):
     def exit_of(self, object_id: str) -> Exit | None:
         return None
 
+    def watch(self, object_id: str, bundle: str) -> bool:
+        self.calls.append(("watch", object_id))
+        return True
+
+    async def monitor_lost(self, object_id: str, bundle: str, reason: str = "") -> Exit | None:
+        self.calls.append(("lost", object_id))
+        return None
+
     def forget_exit(self, object_id: str) -> None:
         pass
 
@@ -148,6 +156,8 @@ def test_router_sends_each_id_to_its_handler() -> None:
         await router.kill("d", 9)
         await router.exec_sync("a", {}, limit=None, output_cap=1)
         assert set(await router.states()) == {"old"}  # learned: "old" is alt's
+        assert router.watch("old", "/b")
+        await router.monitor_lost("old", "/b")
         await router.delete("old")
         await router.delete("a")
         await router.delete("a")  # forgotten after delete: goes to the default
@@ -156,6 +166,6 @@ def test_router_sends_each_id_to_its_handler() -> None:
                                               runtime_handler="kata"))
 
     asyncio.run(scenario())
-    assert alt.calls == [("create", "a"), ("start", "a"), ("exec", "a"), ("delete", "old"),
-                         ("delete", "a")]
+    assert alt.calls == [("create", "a"), ("start", "a"), ("exec", "a"), ("watch", "old"),
+                         ("lost", "old"), ("delete", "old"), ("delete", "a")]
     assert runc.calls == [("create", "d"), ("kill", "d"), ("delete", "a")]

@@ -1,11 +1,14 @@
 """The one reader of ``/proc/self/mountinfo`` (proc(5)): unmounting, cgroup discovery,
-filesystem devices and mount propagation all need a line of it, parsed the same way."""
+filesystem devices and mount propagation all need a line of it, parsed the same way;
+``MountTableWatch`` tells when the table changes."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-from collections.abc import Iterator
+import select
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -85,3 +88,40 @@ def holder_of(path: str, entries: list[MountEntry]) -> MountEntry | None:
                                     or len(entry.mount_point) >= len(best.mount_point)):
             best = entry
     return best
+
+
+class MountTableWatch:
+    """Calls ``changed()`` on the event loop each time this mount namespace's table
+    changes. The mountinfo file is always readable and signals a change with POLLPRI
+    (proc(5)); an epoll of our own asks for that alone, and the loop watches that epoll,
+    so nothing runs while the table is still."""
+
+    def __init__(self, changed: Callable[[], None], path: str = MOUNTINFO) -> None:
+        self._changed = changed
+        self._path = path
+        self._file: int = -1
+        self._epoll: select.epoll | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Begin watching (idempotent); on the event loop."""
+        if self._epoll is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._file = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+        self._epoll = select.epoll()
+        self._epoll.register(self._file, select.EPOLLPRI)
+        self._loop.add_reader(self._epoll.fileno(), self._ready)
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(self._epoll.fileno())
+            self._epoll.close()
+            os.close(self._file)
+            self._epoll, self._file = None, -1
+
+    def _ready(self) -> None:
+        assert self._epoll is not None
+        self._epoll.poll(0)  # takes the change in: the next one wakes us again
+        self._changed()

@@ -5,6 +5,9 @@ writes the CRI log and records the exit status in ``<exit dir>/<id>``. The
 daemon talks to conmon only at create time (the sync pipe gives the pid) and
 afterwards reads the exit files; everything else is a ``runc`` command.
 
+Every conmon is watched (runtime/monitors.py): one that dies without having written an
+exit file is handled as containerd handles a dead shim (``monitor_lost``).
+
 Exec does not use conmon: ``runc exec`` runs as a child of the daemon
 (CRI-O's streaming exec does the same; see :mod:`interactive`), which costs one
 process less than conmon's legacy exec and gives ExecSync an exact timeout
@@ -22,16 +25,19 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from typing import Any
 
 from pycrid import inotify
 from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, Unknown
 from pycrid.runtime import interactive
-from pycrid.runtime.exits import Exit, read_exit
+from pycrid.runtime.exits import Exit, read_exit, write_exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
+from pycrid.runtime.monitors import MonitorWatch
 from pycrid.runtime.signals import signal_init
 from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills
 from pycrid.stdio import ProcessIO
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,11 @@ CREATE_TIMEOUT = 60.0
 #: How long conmon may take to reopen a log after being asked.
 REOPEN_TIMEOUT = 10.0
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: containerd's exit code when a task's exit status is unknown (its shim died):
+#: internal/cri/server/helpers.go unknownExitCode.
+LOST_EXIT_CODE = 255
+#: What conmon holds in the bundle and leaves behind when it is killed.
+_MONITOR_FILES = ("attach", "ctl", "winsz")
 
 
 _INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install runc conmon)"
@@ -63,7 +74,7 @@ def find_binary(configured: str, name: str, key: str = "") -> str:
 class ConmonRuntime(ContainerRuntime):
     def __init__(self, *, state_dir: str, runc: str = "", conmon: str = "",
                  systemd_cgroup: bool = False, runc_root: str = "",
-                 cgroups: Hierarchy | None = None) -> None:
+                 cgroups: Hierarchy | None = None, owner: Owner | None = None) -> None:
         self.runc = find_binary(runc, "runc", "runtime_path")
         self.conmon = find_binary(conmon, "conmon", "conmon_path")
         self.runc_root = runc_root or os.path.join(state_dir, "runc")
@@ -74,6 +85,14 @@ class ConmonRuntime(ContainerRuntime):
         self.cgroups = cgroups if cgroups is not None else Hierarchy()
         for d in (self.runc_root, self.exit_dir, self.socket_dir):
             os.makedirs(d, mode=0o700, exist_ok=True)
+        self.monitors = MonitorWatch(self._monitor_ended)
+        #: Owns the handling of dead monitors (``monitor_lost`` in the background).
+        self._owner = owner if owner is not None else Owner("conmon monitors")
+        self._lost: dict[str, asyncio.Task[Exit | None]] = {}
+
+    def close(self) -> None:
+        """Stop watching (the conmons go on; a restart watches them again)."""
+        self.monitors.close()
 
     # ---- runc --------------------------------------------------------------------------
 
@@ -118,6 +137,9 @@ class ConmonRuntime(ContainerRuntime):
         raise Unknown(f"runc kill {object_id} {sig}: {err}")
 
     async def delete(self, object_id: str) -> None:
+        self.monitors.forget(object_id)
+        if (lost := self._lost.get(object_id)) is not None:
+            await asyncio.wait({lost})  # its exit file is written before the removal
         if not os.path.isdir(os.path.join(self.runc_root, object_id)):
             return  # runc knows nothing of it (deleted at its exit, or never created)
         rc, _, err = await self._runc("delete", "--force", object_id)
@@ -191,7 +213,52 @@ class ConmonRuntime(ContainerRuntime):
         if pid <= 0:
             raise Unknown(f"runc create {opts.id} failed: "
                           f"{_runc_message(str(message.get('message', '')).encode())}")
+        if not self.monitors.watch(opts.id, bundle):
+            log.warning("conmon of %s is gone right after creating it", opts.id)
+            await self.monitor_lost(opts.id, bundle)
         return pid
+
+    # ---- monitors ----------------------------------------------------------------------
+
+    def watch(self, object_id: str, bundle: str) -> bool:
+        return self.monitors.watch(object_id, bundle)
+
+    def _monitor_ended(self, object_id: str, bundle: str) -> None:
+        """A watched conmon ended. Having written the exit file first, it ended as it
+        should (the exit watcher has the news); without one, it died."""
+        if self.exit_of(object_id) is None and object_id not in self._lost:
+            task = self._owner.spawn(self.monitor_lost(object_id, bundle), f"lost {object_id}")
+            self._lost[object_id] = task
+            task.add_done_callback(lambda _: self._lost.pop(object_id, None))
+
+    async def monitor_lost(self, object_id: str, bundle: str, reason: str = "") -> Exit | None:
+        """The container's conmon died without recording an exit. As containerd does for a
+        dead shim (core/runtime/v2/shim.go cleanupAfterDeadShim runs the shim's delete,
+        ``runc delete --force``: cmd/containerd-shim-runc-v2/manager/manager_linux.go
+        Stop), what is left of the container is killed and deleted, so exactly one copy
+        of it ever runs; what conmon held is released (its attach socket and fifos; the
+        log descriptor closed with it); and the exit is recorded as containerd's CRI
+        records a task whose wait failed: code 255 (internal/cri/server/events.go
+        startContainerExitMonitor). ``reason`` "" lets the exit handler say Error, as
+        containerd does for that code; recovery passes Unknown, containerd's reason for
+        a running container whose task is gone after a restart (restart.go). None when
+        the container could not be killed: then it still runs, and no exit is made up."""
+        self.monitors.forget(object_id)
+        if (found := self.exit_of(object_id)) is not None:
+            return found  # conmon wrote it after all
+        log.warning("conmon of container %s died without recording an exit; killing what "
+                    "is left of the container", object_id)
+        rc, _, err = await self._runc("delete", "--force", object_id)
+        if rc != 0 and "does not exist" not in err:
+            log.error("container %s lost its conmon and could not be deleted: %s",
+                      object_id, err)
+            return None
+        for name in _MONITOR_FILES:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(bundle, name))
+        return write_exit(self.exit_dir, Exit(
+            object_id, LOST_EXIT_CODE, time.time_ns(), reason=reason,
+            message="its monitor (conmon) died; what was left of the container was killed"))
 
     async def _kill_conmon(self, bundle: str) -> None:
         with contextlib.suppress(OSError, ValueError):

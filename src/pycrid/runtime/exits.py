@@ -30,10 +30,15 @@ class Exit:
     #: Set when the exit was inferred rather than read ("Unknown": the process vanished
     #: without a recorded status while the daemon was down).
     reason: str = ""
+    #: Why, in words, when the daemon recorded the exit on the monitor's behalf.
+    message: str = ""
 
 
 def read_exit(exit_dir: str, object_id: str) -> Exit | None:
-    """The exit recorded for ``object_id``, or None while it has not exited."""
+    """The exit recorded for ``object_id``, or None while it has not exited.
+
+    conmon writes the code alone; an exit the daemon recorded for a dead monitor
+    (``write_exit``) adds a reason and a message on the next lines."""
     path = os.path.join(exit_dir, object_id)
     try:
         with open(path, "rb") as f:
@@ -41,11 +46,24 @@ def read_exit(exit_dir: str, object_id: str) -> Exit | None:
         st = os.stat(path)
     except FileNotFoundError:
         return None
+    first, _, rest = raw.partition(b"\n")
     try:
-        code = int(raw)
+        code = int(first)
     except ValueError:
         return None  # being written; the inotify event follows
-    return Exit(object_id, code, st.st_mtime_ns)
+    reason, _, message = rest.decode(errors="replace").partition("\n")
+    return Exit(object_id, code, st.st_mtime_ns, reason.strip(), message.strip())
+
+
+def write_exit(exit_dir: str, exit_: Exit) -> Exit:
+    """Record ``exit_`` as conmon would (atomically: a hidden name, then renamed), for a
+    container whose conmon died before it could; returns it as read back."""
+    path = os.path.join(exit_dir, exit_.id)
+    tmp = os.path.join(exit_dir, f".{exit_.id}.tmp")
+    with open(tmp, "w") as f:
+        f.write(f"{exit_.code}\n{exit_.reason}\n{exit_.message}\n")
+    os.replace(tmp, path)
+    return read_exit(exit_dir, exit_.id) or exit_
 
 
 class ExitWatcher:

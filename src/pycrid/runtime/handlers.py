@@ -211,6 +211,19 @@ class RuntimeRouter(ContainerRuntime):
     async def attach(self, bundle: str, io: ProcessIO) -> None:
         await self.runtimes[self.default].attach(bundle, io)
 
+    def watch(self, object_id: str, bundle: str) -> bool:
+        return self._of(object_id).watch(object_id, bundle)
+
+    async def monitor_lost(self, object_id: str, bundle: str, reason: str = "") -> Exit | None:
+        return await self._of(object_id).monitor_lost(object_id, bundle, reason)
+
+    def close(self) -> None:
+        """Stop watching monitors (the daemon is stopping; they go on)."""
+        for rt in self.runtimes.values():
+            closer = getattr(rt, "close", None)
+            if callable(closer):
+                closer()
+
     def exit_of(self, object_id: str) -> Exit | None:
         return self._of(object_id).exit_of(object_id)
 

@@ -117,6 +117,18 @@ class ContainerRuntime(abc.ABC):
         detaches."""
 
     @abc.abstractmethod
+    def watch(self, object_id: str, bundle: str) -> bool:
+        """Watch the container's monitor (done by ``create``; again after a restart): if
+        it dies without recording an exit, ``monitor_lost`` runs by itself. False when
+        no monitor of it runs."""
+
+    @abc.abstractmethod
+    async def monitor_lost(self, object_id: str, bundle: str, reason: str = "") -> Exit | None:
+        """Its monitor died without recording the exit: kill what is left of the
+        container, release what the monitor held and record the exit (containerd's
+        code 255, with ``reason``); returns it, or None if the container still runs."""
+
+    @abc.abstractmethod
     def exit_of(self, object_id: str) -> Exit | None:
         """The recorded exit of the container's init, if it has exited."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,13 @@ class SandboxController(abc.ABC):
     @abc.abstractmethod
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         """The exit watcher saw the sandbox's process end."""
+
+    @abc.abstractmethod
+    async def watch(self, sandbox_id: str, lost: Callable[[str], None]) -> Exit | None:
+        """Watch what stands for the pod (once it is ready; again after a restart). A
+        pause that dies reaches the core as an exit (conmon's, or one recorded for a
+        dead conmon); pins that disappear call ``lost(sandbox_id)`` once. An exit
+        returned here was found now: the pause's conmon died while nobody watched."""
 
     @abc.abstractmethod
     def namespaces(self, rec: SandboxRecord) -> Namespaces:

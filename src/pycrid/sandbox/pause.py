@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pycrid.errors import InvalidArgument, NotFound
@@ -160,6 +160,15 @@ class PauseController(SandboxController):
 
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self.waiters.notify(exit_)
+
+    async def watch(self, sandbox_id: str, lost: Callable[[str], None]) -> Exit | None:
+        """Its conmon, watched since the pause was created (the runtime handles its
+        death): armed again after a restart, or, found dead, handled now."""
+        bundle = self.bundle(sandbox_id)
+        if self.runtime.exit_of(sandbox_id) is not None or \
+                self.runtime.watch(sandbox_id, bundle):
+            return None
+        return await self.runtime.monitor_lost(sandbox_id, bundle, reason="Unknown")
 
     def stand_in(self, sandbox: SandboxRecord, pid: int) -> None:
         pass  # the pause stands for its pod

@@ -7,6 +7,10 @@ mounts at ``<state>/sandboxes/<id>/ns/{ipc,uts}`` (CRI-O pins them with
 ``pinns``). The hostname and the pod's sysctls are set inside them before they
 are pinned; the pod's containers join them by path. No conmon, no runc.
 
+Pins can disappear (an operator's umount): those of ready pods are checked whenever the
+node's mount table changes (``watch``), and a pod that lost one is reported, as a pod
+whose pause died is.
+
 The pod still gets an (empty) cgroup of its own under its cgroup parent, as
 CRI-O makes one for a pod whose infra container it dropped: node agents that
 know pods by their sandbox cgroup (the kubelet's cAdvisor) find it there, with a
@@ -22,6 +26,7 @@ import logging
 import os
 import shutil
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
@@ -29,6 +34,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.errors import Internal, InvalidArgument
 from pycrid.faults import failpoint
 from pycrid.host import pins
+from pycrid.host.mountinfo import MountTableWatch
 from pycrid.oci.security import sysctl_namespace
 from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, pod_sysctls
 from pycrid.oci.spec_mounts import SandboxFiles
@@ -53,6 +59,8 @@ _LAYOUT = "sandbox.json"
 #: Present once the pod is stopped (a pod sharing every namespace with the host has
 #: nothing pinned that could tell).
 _STOPPED = "stopped"  # the marker file a stopped pod leaves
+#: A burst of mount changes (a container's create) is one look at the pins.
+_SETTLE = 0.1
 
 
 def _sethostname(name: str) -> None:
@@ -71,6 +79,10 @@ class PinnedController(SandboxController):
         self.cgroup_driver = cgroup_driver
         #: The pid of the container that stands for each pod now (see stand_in).
         self._stand_ins: dict[str, int] = {}
+        #: Ready pods' pins, and whom to tell when one is gone (see watch).
+        self._watched: dict[str, tuple[list[str], Callable[[str], None]]] = {}
+        self._mounts = MountTableWatch(self._mounts_changed)
+        self._look: asyncio.TimerHandle | None = None
 
     # ---- where things are ---------------------------------------------------------------
 
@@ -139,7 +151,40 @@ class PinnedController(SandboxController):
     async def stop(self, sandbox_id: str, grace: float = 0) -> None:
         """The pod's containers are gone: release its IPC/UTS namespaces and /dev/shm
         (CRI-O drops the pinned namespaces at stop too)."""
+        self._watched.pop(sandbox_id, None)  # unpinned on purpose: no loss
         await asyncio.to_thread(self._stop, sandbox_id)
+
+    # ---- pins that disappear ------------------------------------------------------------
+
+    async def watch(self, sandbox_id: str, lost: Callable[[str], None]) -> Exit | None:
+        """``lost(sandbox_id)`` once any of the pod's pins is gone (nothing to watch for
+        a pod that shares every namespace with the host but the network's, which the
+        core watches as the pod's netns)."""
+        paths = list(((self._layout(sandbox_id) or {}).get("pins") or {}).values())
+        if paths:
+            self._watched[sandbox_id] = (paths, lost)
+            self._mounts.start()
+            self._look_at_pins()
+        return None
+
+    def close(self) -> None:
+        self._mounts.close()
+        if self._look is not None:
+            self._look.cancel()
+            self._look = None
+
+    def _mounts_changed(self) -> None:
+        if self._look is None:
+            self._look = asyncio.get_running_loop().call_later(_SETTLE, self._look_at_pins)
+
+    def _look_at_pins(self) -> None:
+        self._look = None
+        for sid, (paths, lost) in list(self._watched.items()):
+            if not all(pins.is_pinned(p) for p in paths):
+                del self._watched[sid]
+                log.warning("pod sandbox %s: a pinned namespace is gone (%s)", sid,
+                            ", ".join(p for p in paths if not pins.is_pinned(p)))
+                lost(sid)
 
     def stand_in(self, sandbox: SandboxRecord, pid: int) -> None:
         """The pod's cgroup exists while one of its containers stands for it, and is made
@@ -191,6 +236,7 @@ class PinnedController(SandboxController):
         return SandboxStatus(sandbox_id, 0, self._state(sandbox_id))
 
     async def shutdown(self, sandbox_id: str) -> None:
+        self._watched.pop(sandbox_id, None)
         await asyncio.to_thread(self._shutdown, sandbox_id)
 
     def _shutdown(self, sid: str) -> None:

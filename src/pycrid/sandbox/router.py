@@ -63,6 +63,9 @@ class SandboxRouter(SandboxController):
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self._of(sandbox_id).exited(sandbox_id, exit_)
 
+    async def watch(self, sandbox_id: str, lost: Callable[[str], None]) -> Exit | None:
+        return await self._of(sandbox_id).watch(sandbox_id, lost)
+
     def stand_in(self, sandbox: SandboxRecord, pid: int) -> None:
         self.controllers[sandbox.controller].stand_in(sandbox, pid)
 

@@ -34,11 +34,12 @@ async def handle_exit(parts: ContainerParts, exit_: Exit) -> None:
 def record_exit(parts: ContainerParts, exit_: Exit) -> None:
     """The exit in the record, once: reason OOMKilled when conmon saw the cgroup's OOM
     event (memory.oom_control on v1, memory.events on v2), Evicted for an NRI
-    eviction, else Completed or Error."""
+    eviction, the exit's own (Unknown), else Completed or Error (also for code 255 of a
+    container whose conmon died, as containerd says for a dead shim)."""
     rec = parts.store.get(exit_.id)
     if rec is None or rec.finished_at:
         return
-    reason, message = exit_.reason, ""
+    reason, message = exit_.reason, exit_.message
     if rec.id in parts.inflight.evicted:
         reason, message = "Evicted", parts.inflight.evicted[rec.id]
     elif not reason and exit_.code == 137 and parts.runtime.oom_killed(

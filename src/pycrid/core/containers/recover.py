@@ -1,5 +1,7 @@
 """Start-up recovery of containers: finish or undo what a killed daemon left half done,
-then reconcile each record with runc's view and conmon's exit file."""
+then reconcile each record with runc's view and conmon's exit file, and watch each live
+container's conmon again (one found dead has its container killed and its exit
+recorded)."""
 
 from __future__ import annotations
 
@@ -51,10 +53,13 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
         return
     exit_ = parts.runtime.exit_of(rec.id)
     status = state.status if state is not None else None
-    if exit_ is None and status in (None, RuncStatus.STOPPED):
-        # No status anywhere (runc forgot it, conmon died with it): containerd's
-        # unknown exit code and reason.
-        exit_ = Exit(rec.id, 255, now_ns(), reason="Unknown")
+    bundle = parts.paths.bundle(rec.id)
+    if exit_ is None and not parts.runtime.watch(rec.id, bundle):
+        # No exit recorded and its conmon gone (killed while the daemon was down, or
+        # with the node's reboot): killed if it still runs, with containerd's unknown
+        # exit code and reason for a running container whose task is gone.
+        log.warning("container %s: its conmon is gone and no exit was recorded", rec.id)
+        exit_ = await parts.runtime.monitor_lost(rec.id, bundle, reason="Unknown")
     started = status in (RuncStatus.RUNNING, RuncStatus.PAUSED)
     if not rec.started_at and exit_ is None and started:
         # Killed between ``runc start`` and its record: the start happened; finish it.

@@ -1,15 +1,19 @@
 """Pods after a restart: reload the records, finish or undo what a crash interrupted,
-keep a pod ready only if what stands for it still lives, and (once the gate opened)
-CNI CHECK the networks of those that survived."""
+keep a pod ready only if what stands for it still lives (and watch it again: the
+pause's conmon, the pins), and (once the gate opened) CNI CHECK the networks of those
+that survived."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 
 from pycrid.core.containers import RECOVERY_CONCURRENCY
 from pycrid.core.containers.remove import remove_locked
+from pycrid.core.pods.pause_exit import lost
 from pycrid.core.pods.pod_parts import PodParts, detach, not_ready
 from pycrid.core.pods.remove import remove_rest
 from pycrid.core.pods.stop import stop_locked
@@ -68,9 +72,14 @@ async def _recover_one(parts: PodParts, rec: SandboxRecord, states: dict[str, Ru
         await stop_locked(parts, rec.id)
         await remove_rest(parts, rec)
         return
+    status = parts.controller.recovered_status(rec.id, states)
+    if status.exit is None and status.state is SandboxState.RUNNING:
+        # Watched again: its pause's conmon (handled now if it died meanwhile), its pins.
+        found = await parts.controller.watch(rec.id, functools.partial(lost, parts))
+        if found is not None:
+            status = dataclasses.replace(status, exit=found)
     if not rec.ready:
         return
-    status = parts.controller.recovered_status(rec.id, states)
     if status.exit is not None:
         submit(status.exit)  # handled after recovery, as a fresh exit
     elif status.state is not SandboxState.RUNNING:

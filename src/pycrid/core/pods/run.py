@@ -11,6 +11,7 @@ named step and undo itself; a step is never cut in the middle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -19,6 +20,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core import events
 from pycrid.core.containers import now_ns
+from pycrid.core.pods.pause_exit import lost
 from pycrid.core.pods.pod_parts import PodHandlers, PodParts, detach
 from pycrid.errors import InvalidArgument
 from pycrid.faults import step
@@ -85,6 +87,9 @@ async def run_pod(parts: PodParts, config: pb.PodSandboxConfig, handler: str) ->
         await parts.nri.run_pod(rec)
         parts.store.update(sid, phase=PodPhase.READY)
         undo.pop_all()
+    # Its pins (a pod without a pause) are watched from now on; a pause is watched
+    # through its conmon since it was created.
+    await parts.controller.watch(sid, functools.partial(lost, parts))
     log.info("pod sandbox %s is ready", sid)
     parts.events.emit(events.CREATED, sid, sid)
     parts.events.emit(events.STARTED, sid, sid)

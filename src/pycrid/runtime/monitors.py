@@ -1,0 +1,151 @@
+"""Watching each container's monitor (conmon), which is not the daemon's child.
+
+conmon forks away from the daemon and writes its pid to ``<bundle>/conmon.pid``; while it
+lives it holds the container's stdio, its log and its attach socket, and when the
+container's init exits it writes the exit file and ends. If it dies first (the OOM
+killer, an operator's ``pkill``), nothing would ever record the container's exit. A
+pidfd (``pidfd_open`` works for any process, child or not) becomes readable when its
+process ends: one per conmon, registered with the event loop, tells at once and costs
+nothing while conmon lives. After a restart each is armed again from its pid file.
+
+A pid read from a file may name another process by now (that conmon died while the
+daemon was down and its pid was reused): the pidfd is opened first, then the process's
+command line must name the container (``--cid <id>``), so the process checked is the one
+watched. Where no pidfd can be had (the descriptor limit), that pid is polled every
+second instead, by its start time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+#: conmon's own pid file in the bundle (``--conmon-pidfile``).
+PID_FILE = "conmon.pid"
+#: How often a monitor without a pidfd is looked at.
+POLL_EVERY = 1.0
+
+
+@dataclass
+class _Watched:
+    bundle: str
+    pid: int
+    #: The pidfd, or -1 when polled.
+    fd: int
+    #: Field 22 of /proc/<pid>/stat, to tell the process from a later one with its pid.
+    start: int | None
+
+
+def read_pid(bundle: str) -> int:
+    """conmon's pid from its pid file; 0 when there is none."""
+    try:
+        with open(os.path.join(bundle, PID_FILE)) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def is_monitor_of(pid: int, object_id: str) -> bool:
+    """Whether process ``pid`` is a conmon started for ``object_id``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    wanted = object_id.encode()
+    return any(a == b"--cid" and b == wanted for a, b in itertools.pairwise(argv))
+
+
+def start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MonitorWatch:
+    """Calls ``ended(object_id, bundle)`` on the event loop once a watched conmon ends
+    (whether it wrote an exit file first is the caller's question)."""
+
+    def __init__(self, ended: Callable[[str, str], None]) -> None:
+        self._ended = ended
+        self._watched: dict[str, _Watched] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poller: asyncio.TimerHandle | None = None
+
+    def __contains__(self, object_id: str) -> bool:
+        return object_id in self._watched
+
+    def watch(self, object_id: str, bundle: str) -> bool:
+        """Watch the conmon of ``object_id`` (idempotent). False when none of it runs."""
+        if object_id in self._watched:
+            return True
+        pid = read_pid(bundle)
+        if pid <= 0:
+            return False
+        loop = self._loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                raise
+            log.warning("no descriptor left to watch the monitor of %s (%s); polling it",
+                        object_id, e.strerror)
+            fd = -1
+        if not is_monitor_of(pid, object_id):  # checked with the pidfd held: no reuse race
+            if fd >= 0:
+                os.close(fd)
+            return False
+        self._watched[object_id] = _Watched(bundle, pid, fd, start_time(pid))
+        if fd >= 0:
+            loop.add_reader(fd, self._readable, object_id)
+        elif self._poller is None:
+            self._poller = loop.call_later(POLL_EVERY, self._poll)
+        return True
+
+    def forget(self, object_id: str) -> None:
+        """Stop watching (the container is being deleted, or its loss is handled)."""
+        watched = self._watched.pop(object_id, None)
+        if watched is not None and watched.fd >= 0:
+            if self._loop is not None:
+                self._loop.remove_reader(watched.fd)
+            os.close(watched.fd)
+
+    def close(self) -> None:
+        for object_id in list(self._watched):
+            self.forget(object_id)
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+
+    def _readable(self, object_id: str) -> None:
+        watched = self._watched.get(object_id)
+        if watched is None:
+            return
+        self.forget(object_id)
+        self._report(object_id, watched)
+
+    def _poll(self) -> None:
+        self._poller = None
+        for object_id, w in list(self._watched.items()):
+            if w.fd < 0 and (w.start is None or start_time(w.pid) != w.start):
+                del self._watched[object_id]
+                self._report(object_id, w)
+        if any(w.fd < 0 for w in self._watched.values()) and self._loop is not None:
+            self._poller = self._loop.call_later(POLL_EVERY, self._poll)
+
+    def _report(self, object_id: str, watched: _Watched) -> None:
+        try:
+            self._ended(object_id, watched.bundle)
+        except Exception:
+            log.exception("handling the end of the monitor of %s failed", object_id)
