@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from pycrid import errors
 from pycrid.cri.handler_types import Context, Req, Resp, Streaming, Unary
 from pycrid.cri.rpc_methods import rpc_service
+from pycrid.host import space
 
 log = logging.getLogger("pycrid.cri")
 
@@ -35,8 +36,11 @@ _CODES: dict[str, grpc.StatusCode] = {
 }
 
 
-def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The gRPC status for an exception raised by the core."""
+def status_of(exc: BaseException, method: str = "") -> tuple[grpc.StatusCode, str]:
+    """The gRPC status for an exception raised by the core. Running out of space where
+    nothing said what it was writing is still NoSpace, naming the file and the call."""
+    if space.is_no_space(exc):
+        exc = space.no_space(exc, f"for {method or 'this call'}")
     if isinstance(exc, errors.PycridError):
         return _CODES.get(exc.kind, grpc.StatusCode.UNKNOWN), str(exc)
     if isinstance(exc, TimeoutError):
@@ -119,7 +123,7 @@ def _begin(full: str, gate: Gate) -> str:
 
 async def _fail(full: str, rid: str, started: float, exc: BaseException,
                 context: Context[Req, Resp], record: Record | None) -> None:
-    code, msg = status_of(exc)
+    code, msg = status_of(exc, full.rpartition("/")[2])
     ms = (time.monotonic() - started) * 1000
     if record is not None:
         record(full.rpartition("/")[2], code.name, ms / 1000)

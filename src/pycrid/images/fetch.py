@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 from pycrid.config.schema import ImagesConfig
 from pycrid.errors import AlreadyExists, DataLoss, NotFound, PycridError
 from pycrid.faults import failpoint
+from pycrid.host import space
 from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
@@ -119,12 +120,13 @@ class ImageFetcher:
         """The image ``target`` (an index or a manifest) names: its blobs stored, its layers
         committed as snapshots; the record returned is not stored yet."""
         writes: list[asyncio.Future[None]] = []
-        try:
-            rec = await self._fetch_all(ref, target, creds, writes)
-        finally:
-            await settle(*writes)
-        for w in writes:
-            w.result()  # the manifest and config are stored before the image is recorded
+        with space.writing(f"image {ref}", self.content.root):
+            try:
+                rec = await self._fetch_all(ref, target, creds, writes)
+            finally:
+                await settle(*writes)
+            for w in writes:
+                w.result()  # the manifest and config are stored before the image is recorded
         return rec
 
     async def _blob(
@@ -265,9 +267,12 @@ class ImageFetcher:
                 await self._settled(self.snapshotter.commit, chain_id, key, parent=parent)
             except AlreadyExists:
                 await self._discard(key)  # another pull committed the same tree first
-        except BaseException:
+        except BaseException as e:
             if key:
                 await self._discard(key)
+            if space.is_no_space(e):  # written both to the content store and the snapshot
+                raise space.no_space(e, f"layer {layer.digest} of image {ref} (blob and "
+                                     "unpacked files)", self.content.root) from None
             raise
         done.set()
 

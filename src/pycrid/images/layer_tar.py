@@ -28,6 +28,7 @@ import zstandard
 from isal import isal_zlib
 
 from pycrid.errors import DataLoss, NotFound, PermissionDenied
+from pycrid.host import space
 from pycrid.images.layer_paths import (
     OPAQUE,
     OPAQUE_XATTR,
@@ -99,6 +100,8 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
     try:
         tf = tarfile.open(fileobj=cast(IO[bytes], src), mode="r:", errorlevel=2)
     except _OPEN_ERRORS as e:
+        if space.is_no_space(e):  # writing the blob as it is read: the node's problem
+            raise
         raise DataLoss(f"layer is not a readable tar archive: {e}") from None
     try:
         for info in tf:

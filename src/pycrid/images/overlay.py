@@ -86,7 +86,7 @@ class OverlaySnapshotter(Snapshotter):
                 if p["kind"] != Kind.COMMITTED.value:
                     raise FailedPrecondition(f"parent {parent} of {key} is not committed")
             try:
-                with self._db.transaction() as c:
+                with self._db.transaction(f"the record of snapshot {key}") as c:
                     cur = c.execute(
                         "INSERT INTO overlay_snapshots(key, parent, kind, created_at, labels)"
                         " VALUES (?, ?, ?, ?, ?)",
@@ -157,7 +157,7 @@ class OverlaySnapshotter(Snapshotter):
                 if self._row(parent)["kind"] != Kind.COMMITTED.value:
                     raise FailedPrecondition(f"parent {parent} of {name} is not committed")
             try:
-                with self._db.transaction() as c:
+                with self._db.transaction(f"the record of snapshot {name}") as c:
                     c.execute(
                         "UPDATE overlay_snapshots SET key = ?, kind = ?, labels = ?,"
                         " parent = COALESCE(?, parent) WHERE id = ?",
@@ -184,7 +184,7 @@ class OverlaySnapshotter(Snapshotter):
         doomed = os.path.join(self._dir, f"rm-{sid}")
         if os.path.exists(path):
             os.rename(path, doomed)
-        with self._db.transaction() as c:
+        with self._db.transaction(f"the removal of snapshot {key}", frees=True) as c:
             c.execute("DELETE FROM overlay_snapshots WHERE key = ?", (key,))
         shutil.rmtree(doomed, ignore_errors=True)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid.errors import FailedPrecondition, NotFound
+from pycrid.host import space
 from pycrid.host.mounts import mount, mounts_under, unmount
 from pycrid.images.snapshots import Snapshotter
 
@@ -93,7 +94,13 @@ def copy_image_volume(rootfs: str, dest: str, target: str) -> None:
     if src != root and not src.startswith(root + os.sep):
         raise FailedPrecondition(f"image volume {dest} points outside the image")
     if os.path.isdir(src):
-        shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+        def copy(src: str, dst: str) -> object:
+            # A full disk must stop the copy as such (copytree would gather it into a
+            # list of failed files and go on).
+            with space.writing(f"image volume {dest}", dst):
+                return shutil.copy2(src, dst)
+
+        shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True, copy_function=copy)
 
 
 def remove_bundle(snapshotter: Snapshotter, key: str, bundle: str) -> list[str]:

@@ -22,6 +22,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.cri_fields import set_image_ref
 from pycrid.errors import InvalidArgument
 from pycrid.faults import failpoint
+from pycrid.host import space
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
 from pycrid.oci.spec_inputs import NO_HANDLER, HandlerOptions, HostInput, ImageInput, SpecPolicy
@@ -67,10 +68,15 @@ class SnapshotBundles(ContainerBundles):
         os.makedirs(os.path.join(paths.root_dir, "containers"), mode=0o700, exist_ok=True)
 
     async def build(self, req: ContainerBundleRequest) -> ContainerBundle:
-        return await asyncio.to_thread(self._build, req)
+        # Both live under the root (the layer among the snapshots, volumes beside it).
+        with space.writing(f"the writable layer and volumes of container {req.id}",
+                           self.paths.volumes(req.id)):
+            return await asyncio.to_thread(self._build, req)
 
     async def write_spec(self, container_id: str, spec: dict[str, Any]) -> None:
-        await asyncio.to_thread(write_spec, self.paths.bundle(container_id), spec)
+        bundle = self.paths.bundle(container_id)
+        with space.writing(f"the spec of container {container_id}", bundle):
+            await asyncio.to_thread(write_spec, bundle, spec)
 
     def read_spec(self, container_id: str) -> dict[str, Any]:
         return read_spec(self.paths.bundle(container_id))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.faults import failpoint
+from pycrid.host import space
 from pycrid.host.mounts import Mount, mount, unmount
 from pycrid.oci.spec_mounts import SandboxFiles
 
@@ -84,6 +85,11 @@ class PodFiles:
     def create(self, sid: str, config: pb.PodSandboxConfig) -> None:
         """Write the pod files, make the pod's directory and mount its /dev/shm."""
         files_dir = self.files_dir(sid)
+        with space.writing(f"the files (hostname, hosts, resolv.conf) of pod sandbox {sid}",
+                           files_dir):
+            self._create(sid, config, files_dir)
+
+    def _create(self, sid: str, config: pb.PodSandboxConfig, files_dir: str) -> None:
         os.makedirs(files_dir, mode=0o755)
         hostname = config.hostname or socket.gethostname()
         _write(os.path.join(files_dir, "hostname"), (hostname + "\n").encode())

@@ -20,6 +20,7 @@ from typing import Any
 
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint, step
+from pycrid.host import space
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
@@ -90,6 +91,11 @@ class PauseController(SandboxController):
         sid, config = req.id, req.config
         self.pod_files.create(sid, config)
         bundle = self.bundle(sid)
+        with space.writing(f"the rootfs and spec of the pause of pod sandbox {sid}", bundle):
+            self._bundle(req, bundle)
+
+    def _bundle(self, req: SandboxRequest, bundle: str) -> None:
+        sid, config = req.id, req.config
         rootfs = prepare_rootfs(self.snapshotter, sid, req.image_chain_top, bundle)
         failpoint("sandbox.rootfs")
         handler = self.handlers.get(req.runtime_handler)

@@ -18,11 +18,17 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from pycrid.errors import FailedPrecondition
+from pycrid.host import space
 
 log = logging.getLogger(__name__)
 
 #: One migration: a function that gets a connection inside an open transaction.
 Migration = Callable[[sqlite3.Connection], None]
+
+#: Room kept beside the database (``<db>.reserve``) for a full disk: a DELETE in WAL
+#: mode appends to the log before it frees anything, so without it the removals that
+#: would free space (and the undo of a half-made object) could not be recorded.
+RESERVE = 1 << 20
 
 
 class Database:
@@ -48,22 +54,68 @@ class Database:
             "CREATE TABLE IF NOT EXISTS schema_versions ("
             " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
         )
+        self._reserve = path + ".reserve"
+        self._reserved = False
+        self._hold_reserve()
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (BEGIN IMMEDIATE): committed on success, rolled back on error."""
-        with self._lock:
+    def transaction(self, what: str = "a record", *,
+                    frees: bool = False) -> Iterator[sqlite3.Connection]:
+        """A write transaction (BEGIN IMMEDIATE): committed on success, rolled back on error,
+        a failed COMMIT included (a full disk: SQLite may or may not have rolled back by
+        itself), so the connection is always usable afterwards. A full disk is NoSpace
+        naming the database and ``what`` was written. A transaction that ``frees`` (a
+        removal) may use the reserve when the disk is full."""
+        if frees:
+            self._release_reserve_if_full()
+        with self._lock, space.writing(f"{what} to the metadata database", self.path):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
+        if not self._reserved and not frees:
+            self._hold_reserve()
+
+    def _hold_reserve(self) -> None:
+        """Make the reserve again once there is room for it and more."""
+        try:
+            st = os.statvfs(os.path.dirname(self.path) or ".")
+            if st.f_bavail * st.f_frsize >= 4 * RESERVE:
+                tmp = self._reserve + ".tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, RESERVE)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self._reserve)
+                self._reserved = True
+        except OSError as e:
+            log.debug("cannot keep %s: %s", self._reserve, e)
+
+    def _release_reserve_if_full(self) -> None:
+        if not self._reserved:
+            return
+        try:
+            st = os.statvfs(os.path.dirname(self.path) or ".")
+            if st.f_bavail * st.f_frsize >= RESERVE:
+                return
+            os.unlink(self._reserve)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.debug("cannot release %s: %s", self._reserve, e)
+            return
+        self._reserved = False
+        log.warning("the file system of %s is full: its %d KiB reserve is released so that "
+                    "removals can still be recorded", self.path, RESERVE // 1024)
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:

@@ -105,7 +105,7 @@ class ImageStore:
         """Add or update image ``rec`` and point ``names`` at it (taking them off other images)."""
         old = self._images.get(rec.id)
         all_names = set(names) | (set(old.names) if old else set())
-        with self._db.transaction() as c:
+        with self._db.transaction(f"the record of image {rec.id}") as c:
             c.execute(
                 "INSERT INTO images(id, target, manifest, layers, chain, size, user, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET"
@@ -135,7 +135,7 @@ class ImageStore:
         rec = self._images.get(image_id)
         if rec is None:
             return None
-        with self._db.transaction() as c:
+        with self._db.transaction(f"the removal of image {image_id}", frees=True) as c:
             c.execute("DELETE FROM images WHERE id = ?", (image_id,))
         for name in rec.names:
             if self._names.get(name) == image_id:

@@ -174,7 +174,10 @@ class RecordStore(Generic[R]):
     def put(self, rec: R) -> R:
         fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
                   if f.name != "config"}
-        with self._db.transaction() as c:
+        # A record headed for removal may use the database's reserve on a full disk.
+        removing = str(getattr(rec, "phase", "")) == "removing"
+        with self._db.transaction(f"the record of {self._table[:-1]} {rec.id}",
+                                  frees=removing) as c:
             c.execute(f"INSERT INTO {self._table}(id, record, config) VALUES (?, ?, ?)"
                       " ON CONFLICT(id) DO UPDATE SET record = excluded.record,"
                       " config = excluded.config",
@@ -187,7 +190,8 @@ class RecordStore(Generic[R]):
         return self.put(dataclasses.replace(rec, **changes))
 
     def delete(self, object_id: str) -> None:
-        with self._db.transaction() as c:
+        with self._db.transaction(f"the removal of {self._table[:-1]} {object_id}",
+                                  frees=True) as c:
             c.execute(f"DELETE FROM {self._table} WHERE id = ?", (object_id,))
         self._items.pop(object_id, None)
 
