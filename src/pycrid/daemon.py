@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from pycrid import __version__, preflight
+from pycrid import __version__, endpoints, preflight
 from pycrid.builtins import GRPC, registry
 from pycrid.config.decode import ConfigError
 from pycrid.config.loader import LoadedConfig
@@ -101,6 +101,7 @@ async def serve(loaded: LoadedConfig) -> None:
     notifier = Notifier.from_env()  # before any child (runc) could inherit NOTIFY_SOCKET
     for w in loaded.warnings:
         log.warning("config: %s", w)
+    endpoints.check_distinct(loaded)  # before anything is bound (or even locked)
     runtime_cfg = loaded.plugins.get("pycrid.cri.v1.runtime")
     preflight.check_cgroup_driver(getattr(runtime_cfg, "cgroup_driver", "cgroupfs"))
     preflight.check_cgroups()

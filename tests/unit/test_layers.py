@@ -21,7 +21,7 @@ LAYERS: dict[str, set[str]] = {
     "core": {"core"},
     "edges": {"cri", "cadvisor", "metrics", "streaming", "tracing"},
     "wiring": {"builtins", "core_wiring", "daemon", "cli", "__main__", "bench", "install",
-               "preflight", "status_command"},
+               "preflight", "status_command", "endpoints"},
 }
 RANK = {unit: rank for rank, units in enumerate(LAYERS.values()) for unit in units}
 MAX_LINES = 400
