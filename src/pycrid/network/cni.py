@@ -9,7 +9,10 @@ cached per attachment (``cache.py``). DEL runs the chain backwards.
 Loading also checks every plugin binary exists and speaks the network's
 ``cniVersion`` (the VERSION command, as libcni's ValidateNetworkList), so a
 config a plugin cannot run makes the network not ready with the reason, instead
-of failing each pod later.
+of failing each pod later. containerd runs no plugin to load a network, so these
+questions are bounded (``VERSION_TIMEOUT`` each, all at once), the first load runs
+beside the daemon's start-up instead of before it is ready, and a plugin that does
+not answer makes the network not ready, naming it, until a retry finds it answering.
 """
 
 from __future__ import annotations
@@ -38,12 +41,16 @@ from pycrid.network.result import (
     select_pod_ips,
     with_current_host_macs,
 )
+from pycrid.tasks import Owner
 
 log = logging.getLogger(__name__)
 
 #: While not ready, a status query retries loading at most this often (a plugin binary
 #: installed after its config is then picked up without an event in the config dir).
 RETRY_LOAD_EVERY = 2.0
+
+
+_NOT_LOADED = "CNI config not loaded yet"
 
 
 class NotReady(Exception):
@@ -92,17 +99,20 @@ class CNINetwork:
     """The networks of one conf dir (the default one, or a runtime handler's)."""
 
     def __init__(self, *, conf_dir: str, bin_dirs: Sequence[str], max_conf_num: int,
-                 cache: ResultCache, ip_pref: str = "ipv4") -> None:
+                 cache: ResultCache, ip_pref: str = "ipv4", owner: Owner | None = None) -> None:
         self.conf_dir = conf_dir
         self.bin_dirs = list(bin_dirs)
         self.max_conf_num = max_conf_num
         self.cache = cache
         self.ip_pref = ip_pref
         self.networks: list[NetworkConfList] = []
-        self.error: str | None = "CNI config not loaded yet"
+        self.error: str | None = _NOT_LOADED
         self._versions: dict[tuple[str, int], list[str]] = {}
         self._last_load = 0.0
         self._load_lock = asyncio.Lock()
+        #: Owns loads that run in the background (the first one, retries).
+        self._owner = owner if owner is not None else Owner(f"CNI {conf_dir}")
+        self._loading: asyncio.Task[None] | None = None
 
     # ---- configuration -------------------------------------------------------------------
 
@@ -112,8 +122,7 @@ class CNINetwork:
             self._last_load = time.monotonic()
             try:
                 networks = load_dir(self.conf_dir, self.max_conf_num)
-                for net in networks:
-                    await self._negotiate(net)
+                await self._negotiate_all(networks)
             except (ConfError, PluginError) as e:
                 if self.error != str(e):
                     log.warning("CNI network not ready: %s", e)
@@ -126,23 +135,49 @@ class CNINetwork:
                                    f"{'+'.join(n.types)})" for n in networks))
             self.networks, self.error = networks, None
 
-    async def _negotiate(self, net: NetworkConfList) -> None:
-        for kind in net.types:
-            path = find_plugin(kind, self.bin_dirs)
-            key = (path, os.stat(path).st_mtime_ns)
-            if key not in self._versions:
-                self._versions[key] = await supported_versions(kind, self.bin_dirs)
-            if net.cni_version not in self._versions[key]:
-                raise ConfError(
-                    f"{net.source}: plugin {kind!r} does not support config version "
-                    f"{net.cni_version!r} (it supports {', '.join(self._versions[key])})")
+    async def _negotiate_all(self, networks: Sequence[NetworkConfList]) -> None:
+        """Every plugin's VERSION (cached by binary and mtime), all asked at once, each
+        within VERSION_TIMEOUT; then each network's version checked against them."""
+        keys: dict[str, tuple[str, int]] = {}
+        for net in networks:
+            for kind in net.types:
+                path = find_plugin(kind, self.bin_dirs)
+                keys[kind] = (path, os.stat(path).st_mtime_ns)
+        ask = [k for k, key in keys.items() if key not in self._versions]
+        answers = await asyncio.gather(*(supported_versions(k, self.bin_dirs) for k in ask),
+                                       return_exceptions=True)
+        for kind, answer in zip(ask, answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise answer  # a PluginError (not cached: asked again at the next load)
+            self._versions[keys[kind]] = answer
+        for net in networks:
+            for kind in net.types:
+                versions = self._versions[keys[kind]]
+                if net.cni_version not in versions:
+                    raise ConfError(
+                        f"{net.source}: plugin {kind!r} does not support config version "
+                        f"{net.cni_version!r} (it supports {', '.join(versions)})")
+
+    def load_soon(self) -> None:
+        """Load in the background (start-up does not wait for plugins to answer); whoever
+        needs the config meanwhile waits for that load, which is bounded."""
+        if self._loading is None or self._loading.done():
+            self._loading = self._owner.spawn(self.load(), f"load {self.conf_dir}")
+
+    async def _loaded(self) -> None:
+        """Until the first load has ended (later ones run while the last config serves)."""
+        if self.error == _NOT_LOADED and self._loading is not None and not self._loading.done():
+            await asyncio.wait({self._loading})
 
     async def status(self) -> str | None:
         """None when pods can be networked, else the reason. Runs STATUS on plugins of
-        networks at spec 1.1.0 or later, as libcni's GetStatusNetworkList."""
-        if self.error is not None and time.monotonic() - self._last_load >= RETRY_LOAD_EVERY:
-            await self.load()
+        networks at spec 1.1.0 or later, as libcni's GetStatusNetworkList. While not
+        ready, a load is retried in the background at most every RETRY_LOAD_EVERY (a
+        binary installed after its config, a plugin that did not answer)."""
+        await self._loaded()
         if self.error is not None:
+            if time.monotonic() - self._last_load >= RETRY_LOAD_EVERY:
+                self.load_soon()
             return self.error
         for net in list(self.networks):
             if not at_least(net.cni_version, "1.1.0"):
@@ -160,6 +195,7 @@ class CNINetwork:
     async def setup(self, att: Attachment) -> list[str]:
         """ADD the pod to every network; the pod's IPs (primary first). On failure, or if
         the call is cancelled, every network is DELeted again before this returns."""
+        await self._loaded()
         if self.error is not None:
             raise NotReady(self.error)
         networks = list(self.networks)
@@ -233,6 +269,8 @@ class CNINetwork:
         config change; without a cache entry and with ``fallback``, from the current
         config (a crash during ADD), whose DEL tolerates what never existed."""
         cached = self.cache.of(att.container_id)
+        if not cached and fallback:
+            await self._loaded()  # the current config is the fallback's
         if cached:
             for entry in reversed(cached):
                 net = parse(entry.config, ".conflist")

@@ -12,16 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pycrid.network.conf import SPEC_VERSION
 
+log = logging.getLogger(__name__)
+
 #: A plugin that has not answered this long is killed (containerd has no limit; a
 #: hung plugin would hold RunPodSandbox for ever, and the kubelet retries anyway).
 PLUGIN_TIMEOUT = 120.0
+#: How long a VERSION answer is waited for. containerd runs no plugin to load a network
+#: (go-cni's loadFromConfDir only reads the files); pycrid asks, to report a plugin that
+#: cannot run its config before a pod needs it, but never waits long.
+VERSION_TIMEOUT = 2.0
+#: How long a killed plugin may take to be reaped.
+REAP_WITHIN = 5.0
 
 
 class PluginError(Exception):
@@ -77,21 +87,30 @@ def _failure(kind: str, command: str, rc: int, out: bytes, err: bytes) -> Plugin
 
 async def run_plugin(kind: str, bin_dirs: Sequence[str], call: Invocation,
                      config: bytes, limit: float = PLUGIN_TIMEOUT) -> bytes:
-    """Run plugin ``kind`` once; its stdout, or PluginError with its message."""
+    """Run plugin ``kind`` once; its stdout, or PluginError with its message.
+
+    The plugin runs in a process group of its own: one that does not answer in time (or
+    whose caller is cancelled) is killed with everything it started, since a child still
+    holding its output pipes would keep it from ever being reaped."""
     path = find_plugin(kind, bin_dirs)
     proc = await asyncio.create_subprocess_exec(
         path, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=call.env(bin_dirs), cwd="/")
+        stderr=asyncio.subprocess.PIPE, env=call.env(bin_dirs), cwd="/",
+        start_new_session=True)
     try:
         out, err = await asyncio.wait_for(proc.communicate(config), limit)
     except TimeoutError:
-        raise PluginError(f"plugin type={kind!r} ({call.command.lower()}) did not answer "
-                          f"within {limit:g}s") from None
+        raise PluginError(f"plugin type={kind!r} ({path}) did not answer "
+                          f"{call.command} within {limit:g}s") from None
     finally:
         if proc.returncode is None:  # timed out or cancelled: the plugin goes too
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                await asyncio.wait_for(proc.wait(), REAP_WITHIN)
+            except TimeoutError:
+                log.warning("CNI plugin %s (pid %d) was killed but its output is still held "
+                            "open by a process outside its group", path, proc.pid)
     if proc.returncode != 0:
         raise _failure(kind, call.command, proc.returncode or -1, out, err)
     return out
@@ -100,7 +119,7 @@ async def run_plugin(kind: str, bin_dirs: Sequence[str], call: Invocation,
 async def supported_versions(kind: str, bin_dirs: Sequence[str]) -> list[str]:
     """The spec versions plugin ``kind`` speaks (the VERSION command)."""
     probe = json.dumps({"cniVersion": SPEC_VERSION}).encode()
-    out = await run_plugin(kind, bin_dirs, Invocation("VERSION"), probe, limit=30)
+    out = await run_plugin(kind, bin_dirs, Invocation("VERSION"), probe, limit=VERSION_TIMEOUT)
     try:
         doc: Any = json.loads(out)
         versions = doc.get("supportedVersions", [])

@@ -46,20 +46,20 @@ class PodNetworks:
         self.cache = ResultCache(cache_dir)
         self.default_runtime = default_runtime
         self.pod_cidrs: list[str] = []
+        #: The watch task of each directory, and the loads in the background.
+        self._watches = owner if owner is not None else Owner("CNI conf dirs")
         self._by_dir: dict[str, CNINetwork] = {}
         self._by_handler: dict[str, CNINetwork] = {}
         self.default = self._network(config.conf_dir, config.max_conf_num)
         for name, rt in runtimes.items():
             if rt.cni_conf_dir:
                 self._by_handler[name] = self._network(rt.cni_conf_dir, rt.cni_max_conf_num)
-        #: The watch task of each directory.
-        self._watches = owner if owner is not None else Owner("CNI conf dirs")
 
     def _network(self, conf_dir: str, max_conf_num: int) -> CNINetwork:
         if conf_dir not in self._by_dir:
             self._by_dir[conf_dir] = CNINetwork(
                 conf_dir=conf_dir, bin_dirs=self.config.bin_dirs, max_conf_num=max_conf_num,
-                cache=self.cache, ip_pref=self.config.ip_pref)
+                cache=self.cache, ip_pref=self.config.ip_pref, owner=self._watches)
         return self._by_dir[conf_dir]
 
     def for_handler(self, handler: str) -> CNINetwork:
@@ -69,12 +69,14 @@ class PodNetworks:
 
     async def start(self) -> None:
         """Watch, then load, every directory (a change between the two is not missed);
-        a missing directory is created, as containerd does."""
+        a missing directory is created, as containerd does. The loads run in the
+        background: a plugin slow to answer VERSION never holds up the daemon's start
+        (calls that need the network wait for the load, which is bounded)."""
         for net in self._by_dir.values():
             with contextlib.suppress(OSError):
                 os.makedirs(net.conf_dir, mode=0o755, exist_ok=True)
             ino = _try_watch(net.conf_dir)
-            await net.load()
+            net.load_soon()
             self._watches.spawn(self._watch(net, ino), f"cni-watch {net.conf_dir}")
 
     async def aclose(self) -> None:
