@@ -135,7 +135,7 @@ def test_conmon_killed_at_rest(env: Env, pods: Pods) -> None:
         created = pods.create(sid, sleeper(bb, "created"), pod)
         wait_for(lambda: "tick" in log_text(str(logs / "ticker.log")), 10, "a tick")
         pids = {c: init_pid(pods, c) for c in (ticker, silent)}
-        logger_start = len(env.logger.lines()) if env.logger else 0
+        logger_start = len(env.logger.raw()) if env.logger else 0
         started = time.monotonic()
         for cid in (ticker, silent, created):
             os.kill(conmon_pid(d, cid), signal.SIGKILL)
@@ -162,6 +162,13 @@ def test_conmon_killed_at_rest(env: Env, pods: Pods) -> None:
         pods.stop_pod(sid)
         pods.remove_pod(sid)
         sub.wait((sid, pb.CONTAINER_DELETED_EVENT))
+        # Each stop was told once, by the exit handling, not again by the stop or removal.
+        for cid in (ticker, silent, created):
+            assert sub.seen().count((cid, STOPPED)) == 1
+        if env.logger is not None:
+            stops = [c for e, _, c in dumped(env.logger.lines(logger_start))
+                     if e == "StopContainer"]
+            assert all(stops.count(c) == 1 for c in (ticker, silent, created)), stops
     finally:
         sub.close()
 

@@ -80,6 +80,7 @@ class MonitorWatch:
         self._watched: dict[str, _Watched] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.TimerHandle | None = None
+        self._polling_said = False
 
     def __contains__(self, object_id: str) -> bool:
         return object_id in self._watched
@@ -99,8 +100,11 @@ class MonitorWatch:
         except OSError as e:
             if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
                 raise
-            log.warning("no descriptor left to watch the monitor of %s (%s); polling it",
-                        object_id, e.strerror)
+            (log.debug if self._polling_said else log.warning)(
+                "no descriptor left to watch the monitor of %s (%s); polling it every %gs "
+                "(raise the daemon's RLIMIT_NOFILE: one descriptor per conmon)",
+                object_id, e.strerror, POLL_EVERY)
+            self._polling_said = True
             fd = -1
         if not is_monitor_of(pid, object_id):  # checked with the pidfd held: no reuse race
             if fd >= 0:
