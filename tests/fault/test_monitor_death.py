@@ -30,7 +30,7 @@ from cri_api.v1 import api_pb2 as pb
 from tests.e2e.test_nri_go_plugins import GoPlugin, dumped, go_plugin, wait_connected
 from tests.e2e.test_recovery import STOPPED, Subscriber
 from tests.fault.test_crash_matrix import strays
-from tests.support import interop
+from tests.support import interop, network
 from tests.support.daemon import Daemon, nri_paths, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
@@ -74,6 +74,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
                 "-idx", "10"))
             wait_connected(d, {"10-nri-logger"}, [logger])
         yield Env(d, d.extra["busybox"], base, logger)
+    network.release(str(base))
 
 
 @pytest.fixture
@@ -317,3 +318,4 @@ def test_conmon_killed_while_the_daemon_is_down(tmp_path: Path, registry: LocalR
             sub.close()
         assert leftovers(d.root, d.state) == []
         assert strays(d, set(), set()) == []
+    network.release(str(tmp_path))

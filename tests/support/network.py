@@ -47,6 +47,21 @@ def _index(base: str) -> int:
     raise RuntimeError("no free test bridge pcrt1..pcrt250")
 
 
+def release(base: str) -> None:
+    """Give back the bridge and subnet of the daemon under ``base`` once it is stopped and
+    its pods are gone, so that long parametrized modules (the cancel matrix) do not use
+    up the 250 test networks a session (and whatever else runs on the machine) shares."""
+    n = _subnets.pop(base, None)
+    _configured.discard(base)
+    if n is None:
+        return
+    name = f"{BRIDGE_PREFIX}{n}"
+    shown = subprocess.run(["ip", "-o", "link", "show", name], capture_output=True,
+                           text=True, check=False).stdout
+    if f"alias {_MARK}" in shown:
+        subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+
+
 def subnet_of(base: str) -> str:
     return f"{SUBNET_PREFIX}.{_index(base)}.0/24"
 
