@@ -18,11 +18,23 @@ from typing import Any
 
 import pytest
 
+from tests.support import network
 from tests.support.certs import TestPKI, make_pki
 from tests.support.images import TestImages, load_standard_set, push, standard_images
 from tests.support.registry import LocalRegistry
 
 USERS = {"alice": "wonderland"}
+
+
+@pytest.fixture(autouse=True)
+def _test_network_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test's daemon under its ``tmp_path`` is stopped when the test ends: its test
+    network (bridge and subnet) goes back to the pool the whole session shares."""
+    base = (str(request.getfixturevalue("tmp_path")) if "tmp_path" in request.fixturenames
+            else None)
+    yield
+    if base is not None:
+        network.release(base)
 
 
 @pytest.fixture(scope="session")

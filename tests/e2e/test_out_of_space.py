@@ -20,7 +20,6 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support import network
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages, big_layer, build_image, busybox_rootfs_tar
 from tests.support.layers import Entry
@@ -98,7 +97,6 @@ def test_pull_that_does_not_fit(tmp_path: Path, registry: LocalRegistry,
         d.client.pull(ref)
         assert d.client.status(ref).image.id == build.config_digest
         d.client.remove(ref)
-    network.release(str(tmp_path))
 
 
 def test_create_on_a_full_root(tmp_path: Path, registry: LocalRegistry,
@@ -140,5 +138,4 @@ def test_create_on_a_full_root(tmp_path: Path, registry: LocalRegistry,
             pods.cleanup()
         left = [x for x in leftovers(d.root, d.state) if x != f"mount {root}"]
         assert left == []
-    network.release(str(tmp_path))
 

@@ -86,7 +86,6 @@ def test_a_plugin_that_never_answers_version_stalls_nothing(
         pods.remove_pod(sid)
         assert leftovers(d.root, d.state) == []
     assert not [c for _, c in command_lines() if c == "sleep 3597"], "a hung plugin's child"
-    network.release(str(tmp_path))
 
 
 def test_two_sockets_at_one_path_stop_start_up(tmp_path: Path, registry: LocalRegistry,
@@ -103,4 +102,3 @@ def test_two_sockets_at_one_path_stop_start_up(tmp_path: Path, registry: LocalRe
     assert 'plugins."pycrid.cadvisor.v1.containerd".socket_path' in log
     assert 'plugins."pycrid.nri.v1.nri".socket_path' in log
     assert not sock.exists() and not os.path.exists(tmp_path / "state" / "pycrid.sock")
-    network.release(str(tmp_path))

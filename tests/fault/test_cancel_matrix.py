@@ -111,7 +111,6 @@ def test_cancel_at_every_step(op: str, point: str, pinned: bool, tmp_path: Path,
         else:
             assert [c.id for c in containers] == []
         _remove_everything(d)
-    network.release(str(tmp_path))
 
 
 def _listed(pods: Pods, name: str) -> bool:
@@ -150,4 +149,3 @@ def test_short_deadlines_retried_leave_nothing(tmp_path: Path, registry: LocalRe
                 else:
                     raise AssertionError(f"round {round_}: pod {i} never ran")
         _remove_everything(d)
-    network.release(str(tmp_path))

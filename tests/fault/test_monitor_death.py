@@ -318,4 +318,3 @@ def test_conmon_killed_while_the_daemon_is_down(tmp_path: Path, registry: LocalR
             sub.close()
         assert leftovers(d.root, d.state) == []
         assert strays(d, set(), set()) == []
-    network.release(str(tmp_path))

@@ -48,13 +48,15 @@ def _index(base: str) -> int:
 
 
 def release(base: str) -> None:
-    """Give back the bridge and subnet of the daemon under ``base`` once it is stopped and
-    its pods are gone, so that long parametrized modules (the cancel matrix) do not use
-    up the 250 test networks a session (and whatever else runs on the machine) shares."""
-    n = _subnets.pop(base, None)
-    _configured.discard(base)
-    if n is None:
+    """Give back the bridge and subnet of the daemon under ``base`` once it is stopped (the
+    end of its test), so that the fault matrices, a daemon per case, do not use up the
+    250 test networks a session (and whatever else runs on the machine) shares. A network
+    with a pod's veth or IP still on it is kept for the session's leak check to report."""
+    n = _subnets.get(base)
+    if n is None or veths({f"{BRIDGE_PREFIX}{n}"}) or allocated_ips(base):
         return
+    del _subnets[base]
+    _configured.discard(base)
     name = f"{BRIDGE_PREFIX}{n}"
     shown = subprocess.run(["ip", "-o", "link", "show", name], capture_output=True,
                            text=True, check=False).stdout
