@@ -32,7 +32,8 @@ def is_no_space(err: BaseException) -> bool:
 
 
 def file_system_of(path: str) -> str:
-    """``tmpfs at /var/lib/pycrid, 0 B of 64.0 MiB free`` (what can be told of it)."""
+    """``tmpfs at /var/lib/pycrid, 64.0 MiB, now 0 B free`` (what can be told of it; "now":
+    what the failed write had made may have been removed since)."""
     held = mountinfo.holder_of(os.path.abspath(path), mountinfo.read()) if path else None
     where = f"{held.fstype} at {held.mount_point}" if held else "its file system"
     probe = path
@@ -42,8 +43,8 @@ def file_system_of(path: str) -> str:
         st = os.statvfs(probe or "/")
     except OSError:
         return where
-    return (f"{where}, {_size(st.f_bavail * st.f_frsize)} of "
-            f"{_size(st.f_blocks * st.f_frsize)} free")
+    return (f"{where}, {_size(st.f_blocks * st.f_frsize)}, now "
+            f"{_size(st.f_bavail * st.f_frsize)} free")
 
 
 def _size(n: float) -> str:
