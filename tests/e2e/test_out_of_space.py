@@ -102,7 +102,8 @@ def test_pull_that_does_not_fit(tmp_path: Path, registry: LocalRegistry,
 def test_create_on_a_full_root(tmp_path: Path, registry: LocalRegistry,
                                test_images: TestImages, push_image: Callable[..., str]) -> None:
     """A container whose image VOLUME holds 4 MiB, created with 1 MiB left (the volume copy
-    fails), then with nothing left (its record cannot be written), then with room."""
+    fails), then with nothing left (its record cannot be written), then with room; its pod
+    removed on a full root again."""
     rootfs = busybox_rootfs_tar([Entry("data", "dir", mode=0o755),
                                  Entry("data/blob", data=os.urandom(4 * MiB))])
     volume_image = build_image([rootfs], compression="none",
@@ -134,6 +135,11 @@ def test_create_on_a_full_root(tmp_path: Path, registry: LocalRegistry,
             cid = create()
             pods.start(cid)
             assert pods.status(cid).status.state == pb.CONTAINER_RUNNING
+            # A full root does not stop the kubelet freeing space: stop and removal (the
+            # exit, the pod's state, the records' deletion) go through.
+            filler = fill(root, 0)
+            pods.remove_pod(sid)
+            filler.unlink()
         finally:
             pods.cleanup()
         left = [x for x in leftovers(d.root, d.state) if x != f"mount {root}"]

@@ -138,6 +138,8 @@ class RecordStore(Generic[R]):
         db.migrate("pods", [_m1])
         self._db = db
         self._table = table
+        #: The object, as messages name it.
+        self._what = {"sandboxes": "pod sandbox", "containers": "container"}.get(table, table)
         self._items: dict[str, R] = {}
         self._broken: list[tuple[str, str]] = []
         with db.read() as c:
@@ -175,9 +177,10 @@ class RecordStore(Generic[R]):
         fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
                   if f.name != "config"}
         # A record headed for removal may use the database's reserve on a full disk.
-        removing = str(getattr(rec, "phase", "")) == "removing"
-        with self._db.transaction(f"the record of {self._table[:-1]} {rec.id}",
-                                  frees=removing) as c:
+        # Changing an existing object (stopping it, recording its exit, removing it) may
+        # use the database's reserve on a full disk; only a new object may not.
+        with self._db.transaction(f"the record of {self._what} {rec.id}",
+                                  frees=rec.id in self._items) as c:
             c.execute(f"INSERT INTO {self._table}(id, record, config) VALUES (?, ?, ?)"
                       " ON CONFLICT(id) DO UPDATE SET record = excluded.record,"
                       " config = excluded.config",
@@ -190,7 +193,7 @@ class RecordStore(Generic[R]):
         return self.put(dataclasses.replace(rec, **changes))
 
     def delete(self, object_id: str) -> None:
-        with self._db.transaction(f"the removal of {self._table[:-1]} {object_id}",
+        with self._db.transaction(f"the removal of {self._what} {object_id}",
                                   frees=True) as c:
             c.execute(f"DELETE FROM {self._table} WHERE id = ?", (object_id,))
         self._items.pop(object_id, None)
