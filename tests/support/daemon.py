@@ -150,10 +150,12 @@ def wait_ready(daemon: Daemon, timeout: float = 30) -> None:
 
 @contextlib.contextmanager
 def running_daemon(base: str, config_text: str | None = None, *extra: str,
-                   env: dict[str, str] | None = None) -> Iterator[Daemon]:
-    """Start pycrid under ``base`` (root, state, socket, log inside it); stop it after."""
+                   env: dict[str, str] | None = None,
+                   state_dir: str | None = None) -> Iterator[Daemon]:
+    """Start pycrid under ``base`` (root, state, socket, log inside it, or the state in
+    ``state_dir``); stop it after."""
     os.makedirs(base, exist_ok=True)
-    root, state = os.path.join(base, "root"), os.path.join(base, "state")
+    root, state = os.path.join(base, "root"), state_dir or os.path.join(base, "state")
     address = os.path.join(state, "pycrid.sock")
     config = os.path.join(base, "config.toml")
     with open(config, "w") as f:

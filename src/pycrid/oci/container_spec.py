@@ -124,8 +124,7 @@ def container_spec(req: ContainerSpecRequest, image: ImageInput, *,
         base = [sys_bind() if m["destination"] == "/sys" else m for m in base]
     mounts, propagation = container_mounts(
         base, cgroup_mount, config, req.files, volumes,
-        readonly_rootfs=sc.readonly_rootfs, host_ipc=sc.namespace_options.ipc == pb.NODE,
-        rro_supported=handler.rro_supported)
+        rro_supported=handler.rro_supported, userns=userns)
     spec["mounts"] = mounts
     if propagation:
         linux["rootfsPropagation"] = propagation

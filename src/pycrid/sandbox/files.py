@@ -18,7 +18,9 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.faults import failpoint
 from pycrid.host.mounts import Mount, mount, unmount
+from pycrid.host.userns import IDMap, open_to_mapped_root
 from pycrid.oci.spec_mounts import SandboxFiles
+from pycrid.sandbox.pod_userns import check_reachable
 
 #: /dev/shm of a pod: one 64 MiB tmpfs shared by its containers (§1.5).
 SHM_OPTIONS = ("nosuid", "nodev", "noexec", "mode=1777", "size=67108864")
@@ -81,8 +83,11 @@ class PodFiles:
                             resolv_conf=existing(os.path.join(d, "resolv.conf")),
                             shm=existing(os.path.join(self.bundle(sid), "shm")))
 
-    def create(self, sid: str, config: pb.PodSandboxConfig) -> None:
-        """Write the pod files, make the pod's directory and mount its /dev/shm."""
+    def create(self, sid: str, config: pb.PodSandboxConfig, idmap: IDMap | None = None) -> None:
+        """Write the pod files, make the pod's directory and mount its /dev/shm; for a pod
+        in a user namespace (``idmap``), a directory its root may enter."""
+        if idmap is not None:
+            check_reachable(self.state_dir, idmap)
         files_dir = self.files_dir(sid)
         os.makedirs(files_dir, mode=0o755)
         hostname = config.hostname or socket.gethostname()
@@ -94,6 +99,8 @@ class PodFiles:
         failpoint("sandbox.files")
         bundle = self.bundle(sid)
         os.makedirs(bundle, mode=0o700)
+        if idmap is not None:
+            open_to_mapped_root(bundle, idmap)
         if config.linux.security_context.namespace_options.ipc != pb.NODE:
             shm = os.path.join(bundle, "shm")
             os.mkdir(shm, 0o700)
