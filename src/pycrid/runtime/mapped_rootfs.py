@@ -51,6 +51,8 @@ class RootfsMapping:
     userns: str
     #: Fall back to a chowned copy where idmapped layers fail (containerd's slow_chown).
     slow_chown: bool = False
+    #: Whose layers ("sandbox", "container"): names the fail points on the way.
+    stage: str = "container"
 
 
 def mount_snapshot(snapshotter: Snapshotter, key: str, parent: str | None, target: str,
@@ -65,8 +67,8 @@ def mount_snapshot(snapshotter: Snapshotter, key: str, parent: str | None, targe
     if not view:
         os.lchown(snapshotter.upper_dir(key), *mapping.idmap.root())
     try:
-        failpoint("rootfs.idmap")
-        _mount_idmapped(mounts, target, mapping.userns, scratch_dir)
+        failpoint(f"{mapping.stage}.idmap")
+        _mount_idmapped(mounts, target, mapping, scratch_dir)
     except (OSError, Internal) as err:
         _undo(snapshotter, key, target)
         if not mapping.slow_chown:
@@ -89,8 +91,9 @@ def _undo(snapshotter: Snapshotter, key: str, target: str) -> None:
         snapshotter.remove(key)
 
 
-def _mount_idmapped(mounts: list[Mount], target: str, userns: str, scratch_dir: str) -> None:
-    fd = open_userns(userns)
+def _mount_idmapped(mounts: list[Mount], target: str, mapping: RootfsMapping,
+                    scratch_dir: str) -> None:
+    fd = open_userns(mapping.userns)
     try:
         for m in mounts:
             if m.type == "bind" and "ro" not in m.options:
@@ -98,14 +101,14 @@ def _mount_idmapped(mounts: list[Mount], target: str, userns: str, scratch_dir: 
             elif m.type == "bind":
                 idmapped_bind(m.source, target, fd, readonly=True)
             elif m.type == "overlay":
-                _overlay(m, target, fd, scratch_dir)
+                _overlay(m, target, fd, scratch_dir, mapping.stage)
             else:
                 raise Internal(f"cannot idmap a {m.type} mount")
     finally:
         os.close(fd)
 
 
-def _overlay(m: Mount, target: str, userns_fd: int, scratch_dir: str) -> None:
+def _overlay(m: Mount, target: str, userns_fd: int, scratch_dir: str, stage: str) -> None:
     """The overlay with every lower layer taken through one idmapped, read-only bind of
     the directory that holds them."""
     options = list(m.options)
@@ -120,6 +123,7 @@ def _overlay(m: Mount, target: str, userns_fd: int, scratch_dir: str) -> None:
     os.makedirs(scratch, mode=0o700, exist_ok=True)
     idmapped_bind(common, scratch, userns_fd, readonly=True)
     try:
+        failpoint(f"{stage}.idmapped_layers")
         shifted = [os.path.join(scratch, os.path.relpath(p, common)) for p in lowers]
         options[i] = "lowerdir=" + ":".join(shifted)
         mount(Mount(m.type, m.source, tuple(options)), target)

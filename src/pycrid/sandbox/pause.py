@@ -98,7 +98,7 @@ class PauseController(SandboxController):
         userns, mapping = "", None
         if idmap is not None:
             userns = pin_pod_userns(bundle, req.netns, idmap)
-            mapping = RootfsMapping(idmap, userns, self.slow_chown)
+            mapping = RootfsMapping(idmap, userns, self.slow_chown, stage="sandbox")
         rootfs = prepare_rootfs(self.snapshotter, sid, req.image_chain_top, bundle, mapping)
         failpoint("sandbox.rootfs")
         handler = self.handlers.get(req.runtime_handler)
