@@ -97,8 +97,7 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
               sources=RelaySources(
                   sandboxes=sandboxes, containers=ctr_store,
                   pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
-                  pod_namespaces=lambda rec: (controller.namespaces(rec)
-                                              if rec.controller == "pinned" else None),
+                  pod_namespaces=controller.namespaces,
                   read_spec=bundles.read_spec),
               actions=ContainerActions(
                   apply_resources=lambda cid, res: apply_resources(containers, cid, res),

@@ -131,7 +131,7 @@ def test_critest_user_namespaces(tmp_path: Path, registry: LocalRegistry) -> Non
     """critest's UserNamespaces specs with a runc that makes idmapped mounts (runc 1.2+;
     the interop one is 1.5.1): every one passes, none skipped."""
     critest = interop.require("critest")
-    runc = interop.require("runc")
+    runc = interop.idmap_runc()
     interop.push_layout(registry)
     base = tmp_path / "d"
     certs = interop.write_mirrors(registry, tmp_path / "certs.d")

@@ -254,7 +254,7 @@ def test_kubelet_runs_a_user_namespace_pod(kubelet_binary: Path, tmp_path: Path,
     rootfs belongs on the node to the first uid of the pod's range; the kubelet sends
     the pod's mappings with the emptyDir mount (KEP-127's idmapped volumes), so what its
     root writes there belongs to the node's root, as it would without a user namespace."""
-    runc = interop.require("runc")
+    runc = interop.idmap_runc()
     base = tmp_path / "node"
     config = (daemon_config(registry, test_images, base)
               + f'[plugins."pycrid.cri.v1.runtime"]\nruntime_path = "{runc}"\n')

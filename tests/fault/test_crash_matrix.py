@@ -276,7 +276,7 @@ def _start(base: Path, registry: LocalRegistry, images: TestImages,
     config = daemon_config(registry, images, base)
     if state is not None:
         config += ('[plugins."pycrid.cri.v1.runtime"]\n'
-                   f'runtime_path = "{interop.require("runc")}"\n')
+                   f'runtime_path = "{interop.idmap_runc()}"\n')
     return running_daemon(str(base), config, env=env, state_dir=state)
 
 
@@ -338,7 +338,7 @@ def test_kill_at_every_step(op: str, point: str, kind: str, tmp_path: Path,
                             registry: LocalRegistry, test_images: TestImages) -> None:
     s = Scenario(op, point, registry, test_images, kind)
     if s.userns:
-        interop.require("runc")
+        interop.idmap_runc()
     with contextlib.ExitStack() as stack:
         state = stack.enter_context(mapped_root_state()) if s.userns else None
         _crash_and_recover(s, tmp_path, registry, test_images, state)

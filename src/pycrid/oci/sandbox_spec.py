@@ -102,13 +102,14 @@ def sandbox_spec(req: SandboxSpecRequest, image: ImageInput, *,
         namespaces.append(ns)
     if userns is not None:
         # The pod's pinned user namespace (sandbox/pod_userns.py); without one, runc
-        # makes a new one with the mappings below.
+        # makes a new one with the pod's mappings.
         user_ns: Spec = {"type": "user"}
         if req.userns_path:
-            user_ns["path"] = req.userns_path
+            user_ns["path"] = req.userns_path  # runc reads the maps from it
+        else:
+            linux["uidMappings"] = idmaps(userns.uids)
+            linux["gidMappings"] = idmaps(userns.gids)
         namespaces.append(user_ns)
-        linux["uidMappings"] = idmaps(userns.uids)
-        linux["gidMappings"] = idmaps(userns.gids)
     linux["namespaces"] = namespaces
 
     spec["mounts"] = sandbox_mounts(spec["mounts"], req.files, host_ipc=opts.ipc == pb.NODE,

@@ -78,10 +78,11 @@ def mount_snapshot(snapshotter: Snapshotter, key: str, parent: str | None, targe
                 "images\"] to give such pods a chowned copy of the image instead") from None
         log.warning("idmapped layers failed for %s (%s); using a chowned copy", key, err)
         copy = remapped_parent(snapshotter, parent, mapping.idmap, scratch_dir)
-        for m in make(key, copy, labels):
-            mount(m, target)
-        if not view:
+        mounts = make(key, copy, labels)
+        if not view:  # before the mount: the overlay takes its root's owner from it
             os.lchown(snapshotter.upper_dir(key), *mapping.idmap.root())
+        for m in mounts:
+            mount(m, target)
 
 
 def _undo(snapshotter: Snapshotter, key: str, target: str) -> None:

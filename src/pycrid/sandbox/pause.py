@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pycrid.errors import InvalidArgument, NotFound
@@ -165,13 +165,14 @@ class PauseController(SandboxController):
         return SandboxStatus(sandbox_id, state.pid,
                              SandboxState.RUNNING if alive else SandboxState.STOPPED, exit_, info)
 
-    async def shutdown(self, sandbox_id: str) -> None:
+    async def shutdown(self, sandbox_id: str) -> Sequence[str]:
         self._handler_of.pop(sandbox_id, None)  # created, never started
         await self.runtime.delete(sandbox_id)
-        await asyncio.to_thread(remove_bundle, self.snapshotter, sandbox_id,
-                                self.bundle(sandbox_id))
+        released = await asyncio.to_thread(remove_bundle, self.snapshotter, sandbox_id,
+                                           self.bundle(sandbox_id))
         await asyncio.to_thread(self.pod_files.remove, sandbox_id)
         self.runtime.forget_exit(sandbox_id)
+        return released
 
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self.waiters.notify(exit_)

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
@@ -218,8 +219,9 @@ class PinnedController(SandboxController):
                          runtime_states: dict[str, RuncState]) -> SandboxStatus:
         return SandboxStatus(sandbox_id, 0, self._state(sandbox_id))
 
-    async def shutdown(self, sandbox_id: str) -> None:
+    async def shutdown(self, sandbox_id: str) -> Sequence[str]:
         await asyncio.to_thread(self._shutdown, sandbox_id)
+        return ()  # no snapshot
 
     def _shutdown(self, sid: str) -> None:
         self._stop(sid)
