@@ -20,6 +20,7 @@ import re
 import socket
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,18 @@ def daemon(runc: Path, tmp_path_factory: pytest.TempPathFactory, registry: Local
         d.client.pull(d.extra["busybox"])
         yield d
         assert leftovers(d.root, d.state) == []
+
+
+def test_status_says_the_handler_runs_user_namespace_pods(daemon: Daemon) -> None:
+    """CRI Status (what the kubelet and critest check before asking for such a pod) and
+    ``pycrid status``."""
+    st = daemon.client.runtime.Status(pb.StatusRequest(), timeout=30)
+    assert {(h.name, h.features.user_namespaces) for h in st.runtime_handlers} == {
+        ("", True), ("runc", True)}
+    out = subprocess.run([sys.executable, "-m", "pycrid", "status", "--address",
+                          daemon.address], capture_output=True, text=True, timeout=60)
+    rows = dict(line.split(":", 1) for line in out.stdout.splitlines())
+    assert rows["Handlers"].strip().startswith("runc: user namespaces"), out.stdout
 
 
 @pytest.mark.parametrize("pinned", [True, False], ids=["without-pause", "with-pause"])
