@@ -41,10 +41,13 @@ def _check(what: str, rc: int) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _setns(path: str, kind: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def _open(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _setns(fd: int, kind: str) -> None:
     try:
-        _check(f"setns {kind} {path}", _libc.setns(fd, FLAGS[kind]))
+        _check(f"setns {kind}", _libc.setns(fd, FLAGS[kind]))
     finally:
         os.close(fd)
 
@@ -80,17 +83,22 @@ def _hear() -> str:
 
 def run(req: dict[str, Any]) -> None:
     user = req.get("user") or ""
+    # Every namespace file is opened first, as the node's root: once in the pod's user
+    # namespace the helper is its root, which may not pass through the daemon's
+    # directories.
+    user_fd = _open(user) if user and user != "new" else -1
+    joins = [(kind, _open(path)) for kind, path in (req.get("join") or {}).items()]
     if user == "new":
         _check("unshare user", _libc.unshare(CLONE_NEWUSER))
         _say("user")
         if _hear() != "mapped":
             raise OSError(0, "the parent did not write the id maps")
         _become_root()
-    elif user:
-        _setns(user, "user")
+    elif user_fd >= 0:
+        _setns(user_fd, "user")
         _become_root()
-    for kind, path in (req.get("join") or {}).items():
-        _setns(path, kind)
+    for kind, fd in joins:
+        _setns(fd, kind)
     flags = 0
     for kind in req.get("new") or ():
         flags |= FLAGS[kind]
