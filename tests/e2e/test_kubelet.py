@@ -304,5 +304,9 @@ def test_kubelet_runs_a_user_namespace_pod(kubelet_binary: Path, tmp_path: Path,
         assert scratch["uidMappings"] == [{"containerID": 0, "hostID": uids.host_id,
                                            "size": uids.length}], scratch
         assert written.stat().st_uid == 0
+        # So is every file the kubelet binds in: its hosts file, the termination log.
+        for dest in ("/etc/hosts", "/dev/termination-log"):
+            (m,) = [m for m in spec["mounts"] if m["destination"] == dest]
+            assert m.get("uidMappings") == scratch["uidMappings"], m
         print(f"{pod}: uid_map 0 {uids.host_id} {uids.length}; rootfs file owned by "
               f"{in_rootfs.stat().st_uid}, emptyDir file by {written.stat().st_uid}")
