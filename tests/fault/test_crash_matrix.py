@@ -40,7 +40,7 @@ from tests.support.daemon import (
     running_daemon,
 )
 from tests.support.images import TestImages
-from tests.support.network import allocated_ips
+from tests.support.network import allocated_ips, release_bridge
 from tests.support.pods import (
     Pods,
     command_lines,
@@ -372,3 +372,4 @@ def _crash_and_recover(s: Scenario, tmp_path: Path, registry: LocalRegistry,
             for p in pods.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
                 pods.remove_pod(p.id)
         assert leftovers(d.root, d.state) == []
+    release_bridge(str(tmp_path))

@@ -183,6 +183,22 @@ def remove_portmap_scaffolding() -> None:
         subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True, check=False)
 
 
+def release_bridge(base: str) -> None:
+    """Give back the bridge of a daemon that is done, its pods all gone (the crash matrix's
+    cases, each a daemon of its own): a session of many daemons would otherwise run out of
+    the 250, which every test process on the host shares."""
+    if base not in _subnets:
+        return
+    name = bridge_of(base)
+    shown = subprocess.run(["ip", "-o", "link", "show", name], capture_output=True,
+                           text=True, check=False).stdout
+    if f"alias {_MARK}" in shown and "master" not in subprocess.run(
+            ["ip", "-o", "link", "show", "master", name], capture_output=True, text=True,
+            check=False).stdout:
+        subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+        del _subnets[base]
+
+
 def remove_bridges() -> None:
     """Delete the bridges of every daemon of this process (tests, benchmarks): those that
     still carry this process's mark (one deleted meanwhile may be another's by now)."""
