@@ -5,7 +5,9 @@ on temporary directories (the suite runs as root)."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,24 +69,27 @@ def test_pod_idmap_from_the_cri() -> None:
 
 def test_blocked_dir_finds_the_first_directory_the_mapped_root_cannot_search(
         tmp_path: Path) -> None:
-    top = tmp_path / "top"
-    (top / "mid" / "leaf").mkdir(parents=True)
-    os.chmod(tmp_path, 0o711)
-    for d in (top, top / "mid", top / "mid" / "leaf"):
-        os.chmod(d, 0o711)
-    pytest_tree = next((p for p in reversed(tmp_path.parents)
-                        if not p.stat().st_mode & stat.S_IXOTH), None)
-    leaf = str(top / "mid" / "leaf")
-    if pytest_tree is not None:  # pytest's own tree is 0700: that is the answer then
-        assert blocked_dir(leaf, HOST, HOST) == str(pytest_tree)
-        return
-    assert blocked_dir(leaf, HOST, HOST) is None
-    os.chmod(top / "mid", 0o700)
-    assert blocked_dir(leaf, HOST, HOST) == str(top / "mid")
-    os.chown(top / "mid", -1, HOST)
-    os.chmod(top / "mid", 0o710)  # the group's search bit is the one that counts
-    assert blocked_dir(leaf, HOST, HOST) is None
-    assert blocked_dir(leaf, HOST + 1, HOST + 1) == str(top / "mid")
+    # pytest's own tree is 0700: the first directory in the way is in it.
+    top = next(p for p in reversed(tmp_path.parents) if not p.stat().st_mode & stat.S_IXOTH)
+    assert blocked_dir(str(tmp_path), HOST, HOST) == str(top)
+    # Under /run (0755), the search bit that applies is the one that counts.
+    base = Path(tempfile.mkdtemp(prefix="pycrid-unit-userns-", dir="/run"))
+    try:
+        os.chmod(base, 0o711)
+        leaf = base / "mid" / "leaf"
+        leaf.mkdir(parents=True)
+        assert blocked_dir(str(leaf), HOST, HOST) is None
+        os.chmod(base / "mid", 0o700)
+        assert blocked_dir(str(leaf), HOST, HOST) == str(base / "mid")
+        os.chown(base / "mid", -1, HOST)
+        os.chmod(base / "mid", 0o710)  # the group's bit, for the group's members only
+        assert blocked_dir(str(leaf), HOST, HOST) is None
+        assert blocked_dir(str(leaf), HOST + 1, HOST + 1) == str(base / "mid")
+        os.chown(base / "mid", HOST, -1)
+        os.chmod(base / "mid", 0o100)  # the owner's bit for the owner
+        assert blocked_dir(str(leaf), HOST, HOST + 1) is None
+    finally:
+        shutil.rmtree(base)
 
 
 @pytest.fixture
