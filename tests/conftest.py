@@ -28,13 +28,13 @@ USERS = {"alice": "wonderland"}
 
 @pytest.fixture(autouse=True)
 def _test_network_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test's daemon under its ``tmp_path`` is stopped when the test ends: its test
-    network (bridge and subnet) goes back to the pool the whole session shares."""
+    """A test's daemons under its ``tmp_path`` are stopped when the test ends: their test
+    networks (bridge and subnet) go back to the pool the whole session shares."""
     base = (str(request.getfixturevalue("tmp_path")) if "tmp_path" in request.fixturenames
             else None)
     yield
     if base is not None:
-        network.release(base)
+        network.release_under(base)
 
 
 @pytest.fixture(scope="session")

@@ -198,7 +198,8 @@ async def _init_podsandbox(ctx: InitContext) -> Any:
                            state_dir=ctx.properties["state"],
                            host=HostInput.from_facts(ctx.get_by_id(HOST, "facts")),
                            policy=SpecPolicy(cgroup_driver=configured_driver(config.cgroup_driver),
-                                             unset_seccomp_profile=config.unset_seccomp_profile))
+                                             unset_seccomp_profile=config.unset_seccomp_profile),
+                           slow_chown=images.config.slow_chown)
 
 
 async def _init_pinned(ctx: InitContext) -> Any:

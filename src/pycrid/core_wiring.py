@@ -89,7 +89,8 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
         host=HostInput.from_facts(host),
         policy=SpecPolicy(cgroup_driver=driver, resources=resource_policy,
                           unset_seccomp_profile=runtime_config.unset_seccomp_profile),
-        handlers=handlers, default_handler=runtime_config.default_runtime_name))
+        handlers=handlers, default_handler=runtime_config.default_runtime_name,
+        slow_chown=images.config.slow_chown))
     # NRI and the containers need each other: the relay's actions call the container
     # operations on the parts built just below.
     containers: ContainerParts
@@ -97,8 +98,7 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
               sources=RelaySources(
                   sandboxes=sandboxes, containers=ctr_store,
                   pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
-                  pod_namespaces=lambda rec: (controller.namespaces(rec)
-                                              if rec.controller == "pinned" else None),
+                  pod_namespaces=controller.namespaces,
                   read_spec=bundles.read_spec),
               actions=ContainerActions(
                   apply_resources=lambda cid, res: apply_resources(containers, cid, res),

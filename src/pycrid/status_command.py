@@ -24,6 +24,9 @@ class Report:
     version: dict[str, str]
     conditions: list[dict[str, Any]]
     info: dict[str, Any]
+    #: Each runtime handler's features, as ``Status`` lists them (the default handler is
+    #: listed a second time under the empty name, as containerd does: left out here).
+    handlers: list[dict[str, Any]]
 
 
 def ask(socket_path: str, timeout: float = 10) -> Report:
@@ -55,7 +58,11 @@ def ask(socket_path: str, timeout: float = 10) -> Report:
                  "api_version": ver.runtime_api_version},
         conditions=[{"type": c.type, "status": c.status, "reason": c.reason,
                      "message": c.message} for c in st.status.conditions],
-        info=info)
+        info=info,
+        handlers=[{"name": h.name,
+                   "user_namespaces": h.features.user_namespaces,
+                   "recursive_read_only_mounts": h.features.recursive_read_only_mounts}
+                  for h in st.runtime_handlers if h.name])
 
 
 def why_unreachable(path: str) -> str:
@@ -136,6 +143,7 @@ def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
            "streaming": info.get("streaming") or {}, "pods": info.get("pods") or {},
            "containers": info.get("containers") or {}, "images": info.get("images") or {},
            "nri": nri, "network": _network(info.get("cniconfig") or {}),
+           "runtime_handlers": report.handlers,
            "warnings": info.get("warnings") or []}
     if as_json:
         json.dump(doc, out, sort_keys=True)
@@ -161,6 +169,14 @@ def _uptime(seconds: float) -> str:
     return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
+def _handler(h: dict[str, Any]) -> str:
+    """One handler and what its runc can do; user-namespace pods need idmapped mounts."""
+    users = ("user namespaces" if h["user_namespaces"]
+             else "no user namespaces (its runc lacks idmapped mounts: runc 1.2 or later)")
+    rro = ", recursive read-only mounts" if h["recursive_read_only_mounts"] else ""
+    return f"{h['name']}: {users}{rro}"
+
+
 def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     v, d = doc["runtime"], doc["daemon"]
     rows = [("Runtime", f"{v['name']} {v['version']} (CRI {v['api_version']})")]
@@ -183,6 +199,7 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         if c["reason"] or c["message"]:
             text += f" ({c['reason']}: {c['message']})"
         rows.append((c["type"], text))
+    rows.append(("Handlers", "; ".join(_handler(h) for h in doc["runtime_handlers"])))
     net = doc["network"]
     names = ", ".join(f"{n['name']} ({n['source']})" for n in net["networks"])
     rows.append(("CNI networks", names or f"none in {net['conf_dir']}"))

@@ -20,7 +20,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from tests.support import interop
-from tests.support.daemon import nri_paths, running_daemon
+from tests.support.daemon import mapped_root_state, nri_paths, running_daemon
 from tests.support.pods import Pods, leftovers
 from tests.support.registry import LocalRegistry, local_registry
 
@@ -118,4 +118,59 @@ def test_critest(tmp_path: Path, registry: LocalRegistry) -> None:
     assert not problems, (f"critest {counts} (log: {tmp_path / 'critest.out'}, daemon log: "
                           f"{os.path.join(base, 'pycrid.log')}):\n" + "\n".join(problems))
     assert counts.get("passed", 0) > 0
+    assert left == [], left
+
+
+#: critest's user-namespace specs (its "UserNamespaces" context): six, one of which runs a
+#: pod in a user namespace and reads its uid_map.
+USERNS_SPECS = 6
+
+
+@pytest.mark.timeout(900)
+def test_critest_user_namespaces(tmp_path: Path, registry: LocalRegistry) -> None:
+    """critest's UserNamespaces specs with a runc that makes idmapped mounts (runc 1.2+;
+    the interop one is 1.5.1): every one passes, none skipped."""
+    critest = interop.require("critest")
+    runc = interop.idmap_runc()
+    interop.push_layout(registry)
+    base = tmp_path / "d"
+    certs = interop.write_mirrors(registry, tmp_path / "certs.d")
+    config = ('version = 2\n[plugins."pycrid.cri.v1.images"]\n'
+              'sandbox_image = "registry.k8s.io/pause:3.10"\n'
+              '[plugins."pycrid.cri.v1.images".registry]\n'
+              f'config_path = "{certs}"\n'
+              '[plugins."pycrid.cri.v1.runtime"]\n'
+              f'runtime_path = "{runc}"\n')
+    images = tmp_path / "images.yaml"
+    images.write_text(
+        f"defaultTestContainerImage: {registry.host}/e2e-test-images/busybox:1.29-2\n"
+        f"webServerTestImage: {registry.host}/e2e-test-images/nginx:1.14-2\n")
+    report = tmp_path / "report.json"
+    # The pod's mapped root must pass through every directory above its bundles: the
+    # state directory goes where that holds (pytest's own tree is 0700).
+    with mapped_root_state() as state, running_daemon(str(base), config,
+                                                      state_dir=state) as d:
+        endpoint = f"unix://{d.address}"
+        run = subprocess.run(
+            [str(critest), f"--runtime-endpoint={endpoint}", f"--image-endpoint={endpoint}",
+             f"--test-images-file={images}", "--ginkgo.focus=UserNamespaces",
+             "--ginkgo.no-color", f"--ginkgo.json-report={report}"],
+            cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, timeout=800, check=False)
+        (tmp_path / "critest.out").write_bytes(run.stdout)
+        pods = Pods(d.client)
+        for p in d.client.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+            pods.remove_pod(p.id)
+        left = leftovers(d.root, d.state)
+    assert report.exists(), run.stdout.decode(errors="replace")[-4000:]
+    specs = [s for s in _outcomes(report) if "UserNamespaces" in s["name"]]
+    counts: dict[str, int] = {}
+    for s in specs:
+        counts[s["state"]] = counts.get(s["state"], 0) + 1
+    print(f"critest UserNamespaces: {counts}")
+    problems = [f"{s['state']}: {s['name']}\n    {s['message'][:1500]}"
+                for s in specs if s["state"] != "passed"]
+    assert not problems, (f"critest {counts} (log: {tmp_path / 'critest.out'}, daemon log: "
+                          f"{os.path.join(base, 'pycrid.log')}):\n" + "\n".join(problems))
+    assert counts == {"passed": USERNS_SPECS}
     assert left == [], left

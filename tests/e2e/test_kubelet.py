@@ -26,7 +26,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from tests.support import interop, network
-from tests.support.daemon import Daemon, containerd_socket, running_daemon
+from tests.support.daemon import Daemon, containerd_socket, mapped_root_state, running_daemon
 from tests.support.images import TestImages
 from tests.support.kubelet import Kubelet, running_kubelet
 from tests.support.pods import Pods, daemon_config, wait_for
@@ -225,3 +225,88 @@ def test_kubelet_stats_and_cadvisor_metrics_of_pods(
             assert cpu[1] >= 0 if stats_from_cri else cpu[1] > 0
             assert mem[1] > 0
             print(_excerpt(found, text, pod))
+
+
+USERNS_POD = """apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  terminationGracePeriodSeconds: 1
+  hostUsers: false
+  volumes:
+  - name: scratch
+    emptyDir: {{}}
+  containers:
+  - name: writer
+    image: {image}
+    imagePullPolicy: IfNotPresent
+    volumeMounts:
+    - {{name: scratch, mountPath: /scratch}}
+    command: ["sh", "-c", "id -u > /scratch/written; id -u > /in-rootfs; exec sleep 3600"]
+"""
+
+
+def test_kubelet_runs_a_user_namespace_pod(kubelet_binary: Path, tmp_path: Path,
+                                           registry: LocalRegistry,
+                                           test_images: TestImages) -> None:
+    """A static pod with ``hostUsers: false`` under the real kubelet, with a runc that
+    makes idmapped mounts: its uid_map is not the identity; what its root writes to its
+    rootfs belongs on the node to the first uid of the pod's range; the kubelet sends
+    the pod's mappings with the emptyDir mount (KEP-127's idmapped volumes), so what its
+    root writes there belongs to the node's root, as it would without a user namespace."""
+    runc = interop.idmap_runc()
+    base = tmp_path / "node"
+    config = (daemon_config(registry, test_images, base)
+              + f'[plugins."pycrid.cri.v1.runtime"]\nruntime_path = "{runc}"\n')
+    name = "userns"
+    pod = f"{name}-{NODE}"
+    image = test_images.busybox.ref(registry)
+    with mapped_root_state() as state, running_daemon(str(base), config,
+                                                      state_dir=state) as d, \
+            running_kubelet(str(kubelet_binary), str(tmp_path / "kubelet"),
+                            runtime_socket=d.address,
+                            manifests={f"{name}.yaml": USERNS_POD.format(name=name, image=image)},
+                            cleanup=remove_pods(d)) as k:
+        def running() -> Any:
+            ctrs = [c for c in d.client.runtime.ListContainers(
+                pb.ListContainersRequest(), timeout=30).containers
+                if c.metadata.name == "writer" and c.state == pb.CONTAINER_RUNNING]
+            return ctrs[0] if ctrs else None
+
+        try:
+            ctr = wait_for(running, 120, f"{pod}'s container to run")
+        except AssertionError:
+            raise AssertionError(f"kubelet:\n{k.log()[-6000:]}\ndaemon:\n"
+                                 f"{d.log()[-3000:]}") from None
+        (sandbox,) = [s for s in d.client.runtime.ListPodSandbox(
+            pb.ListPodSandboxRequest(), timeout=30).items if s.metadata.name == pod]
+        status = d.client.runtime.PodSandboxStatus(
+            pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id), timeout=30).status
+        userns = status.linux.namespaces.options.userns_options
+        assert userns.mode == pb.POD, status
+        (uids,) = userns.uids
+        assert uids.host_id != 0 and uids.container_id == 0
+        out = Pods(d.client).exec(ctr.id, ["cat", "/proc/self/uid_map"])
+        assert out.stdout.decode().split() == ["0", str(uids.host_id), str(uids.length)], out
+        # The writable layer: the pod's root is the first uid of its range on the node.
+        spec = json.loads(d.client.runtime.ContainerStatus(
+            pb.ContainerStatusRequest(container_id=ctr.id, verbose=True),
+            timeout=30).info["info"])["runtimeSpec"]
+        rootfs = Path(state, "containers", ctr.id, spec["root"]["path"])
+        written = wait_for(lambda: next(Path(tmp_path / "kubelet" / "root" / "pods").glob(
+            "*/volumes/kubernetes.io~empty-dir/scratch/written"), None), 30,
+            "the file in the emptyDir")
+        in_rootfs = rootfs / "in-rootfs"
+        assert in_rootfs.read_text().strip() == written.read_text().strip() == "0"
+        assert in_rootfs.stat().st_uid == uids.host_id
+        # The emptyDir: idmapped with the pod's own mappings, as the kubelet asked.
+        (scratch,) = [m for m in spec["mounts"] if m["destination"] == "/scratch"]
+        assert scratch["uidMappings"] == [{"containerID": 0, "hostID": uids.host_id,
+                                           "size": uids.length}], scratch
+        assert written.stat().st_uid == 0
+        # So is every file the kubelet binds in: its hosts file, the termination log.
+        for dest in ("/etc/hosts", "/dev/termination-log"):
+            (m,) = [m for m in spec["mounts"] if m["destination"] == dest]
+            assert m.get("uidMappings") == scratch["uidMappings"], m
+        print(f"{pod}: uid_map 0 {uids.host_id} {uids.length}; rootfs file owned by "
+              f"{in_rootfs.stat().st_uid}, emptyDir file by {written.stat().st_uid}")

@@ -31,7 +31,14 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import Daemon, daemon_ids, mounts_under, running_daemon
+from tests.support import interop
+from tests.support.daemon import (
+    Daemon,
+    daemon_ids,
+    mapped_root_state,
+    mounts_under,
+    running_daemon,
+)
 from tests.support.images import TestImages
 from tests.support.network import allocated_ips
 from tests.support.pods import (
@@ -71,8 +78,31 @@ PINNED: dict[str, list[str]] = {
     "StopPodSandbox": ["sandbox.stop", "sandbox.stopped", "sandbox.detached"],
     "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],
 }
-CASES = ([(op, point, False) for op, points in MATRIX.items() for point in points]
-         + [(op, point, True) for op, points in PINNED.items() for point in points])
+#: Pods in a user namespace (with a runc that makes idmapped mounts): the pod steps, and
+#: a container's create, whose rootfs and image volume are idmapped mounts, with and
+#: without a pause. The idmapped layers are bound on a scratch point in the bundle while
+#: the overlay is mounted: a crash right then is one more step.
+USERNS: dict[str, list[str]] = {
+    "RunPodSandbox": [*MATRIX["RunPodSandbox"][:-4], "sandbox.idmapped_layers",
+                      *MATRIX["RunPodSandbox"][-4:]],
+    "CreateContainer": ["container.record", "container.idmapped_layers", "container.rootfs",
+                        "container.image_volumes", "container.bundle", "container.created"],
+    "StopPodSandbox": MATRIX["StopPodSandbox"],
+    "RemovePodSandbox": MATRIX["RemovePodSandbox"],
+}
+USERNS_PINNED: dict[str, list[str]] = {
+    "RunPodSandbox": PINNED["RunPodSandbox"],
+    "CreateContainer": ["container.record", "container.idmapped_layers", "container.bundle",
+                        "container.created"],
+    "StopPodSandbox": PINNED["StopPodSandbox"],
+}
+CASES = ([(op, point, "pause") for op, points in MATRIX.items() for point in points]
+         + [(op, point, "pinned") for op, points in PINNED.items() for point in points]
+         + [(op, point, "userns") for op, points in USERNS.items() for point in points]
+         + [(op, point, "userns-pinned") for op, points in USERNS_PINNED.items()
+            for point in points])
+#: The pod's user namespace mappings (the kubelet picks a multiple of 65536).
+USERNS_MAP = [pb.IDMapping(container_id=0, host_id=65536 * 40, length=65536)]
 
 
 @dataclass
@@ -89,23 +119,29 @@ class World:
 
 class Scenario:
     def __init__(self, op: str, point: str, registry: LocalRegistry,
-                 images: TestImages, pinned: bool = False) -> None:
-        self.op, self.point, self.pinned = op, point, pinned
+                 images: TestImages, kind: str = "pause") -> None:
+        self.op, self.point = op, point
+        self.pinned, self.userns = kind.endswith("pinned"), kind.startswith("userns")
         self.registry, self.images = registry, images
         self.busybox = images.busybox.ref(registry)
         self.layered = images.layered.ref(registry)
 
+    def _namespaces(self, opts: Any) -> None:
+        opts.pid = pb.CONTAINER if self.pinned else pb.POD
+        if self.userns:
+            opts.userns_options.CopyFrom(pb.UserNamespace(mode=pb.POD, uids=USERNS_MAP,
+                                                          gids=USERNS_MAP))
+
     def pod(self) -> Any:
-        """A pod with a pause container, or (pinned) one without."""
+        """A pod with a pause container, or (pinned) one without; in a user namespace
+        of its own or not."""
         cfg = pod_config()
-        if self.pinned:
-            cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
+        self._namespaces(cfg.linux.security_context.namespace_options)
         return cfg
 
     def sleeper(self, name: str = "c") -> Any:
         cfg = self._sleeper(name)
-        if self.pinned:
-            cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
+        self._namespaces(cfg.linux.security_context.namespace_options)
         return cfg
 
     def _sleeper(self, name: str) -> Any:
@@ -232,9 +268,16 @@ class Scenario:
 
 
 def _start(base: Path, registry: LocalRegistry, images: TestImages,
-           failpoints: str = "") -> contextlib.AbstractContextManager[Daemon]:
+           failpoints: str = "", state: str | None = None
+           ) -> contextlib.AbstractContextManager[Daemon]:
+    """The daemon of a case; with ``state`` (user-namespace pods), the interop runc and
+    that state directory, which the pods' mapped root can pass through."""
     env = {"PYCRID_FAILPOINTS": failpoints} if failpoints else None
-    return running_daemon(str(base), daemon_config(registry, images, base), env=env)
+    config = daemon_config(registry, images, base)
+    if state is not None:
+        config += ('[plugins."pycrid.cri.v1.runtime"]\n'
+                   f'runtime_path = "{interop.idmap_runc()}"\n')
+    return running_daemon(str(base), config, env=env, state_dir=state)
 
 
 def _listed(pods: Pods) -> tuple[dict[str, int], dict[str, int]]:
@@ -289,12 +332,22 @@ def strays(d: Daemon, pods: set[str], containers: set[str]) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("op", "point", "pinned"), CASES,
-                         ids=[f"{o}-{p}" + ("-pinned" if n else "") for o, p, n in CASES])
-def test_kill_at_every_step(op: str, point: str, pinned: bool, tmp_path: Path,
+@pytest.mark.parametrize(("op", "point", "kind"), CASES,
+                         ids=[f"{o}-{p}" + ("" if k == "pause" else f"-{k}") for o, p, k in CASES])
+def test_kill_at_every_step(op: str, point: str, kind: str, tmp_path: Path,
                             registry: LocalRegistry, test_images: TestImages) -> None:
-    s = Scenario(op, point, registry, test_images, pinned)
-    with _start(tmp_path, registry, test_images, f"{point}:kill") as d:
+    s = Scenario(op, point, registry, test_images, kind)
+    if s.userns:
+        interop.idmap_runc()
+    with contextlib.ExitStack() as stack:
+        state = stack.enter_context(mapped_root_state()) if s.userns else None
+        _crash_and_recover(s, tmp_path, registry, test_images, state)
+
+
+def _crash_and_recover(s: Scenario, tmp_path: Path, registry: LocalRegistry,
+                       test_images: TestImages, state: str | None) -> None:
+    op, point = s.op, s.point
+    with _start(tmp_path, registry, test_images, f"{point}:kill", state) as d:
         pods = Pods(d.client)
         world = s.prepare(d, pods)
         with pytest.raises(grpc.RpcError) as e:
@@ -304,7 +357,7 @@ def test_kill_at_every_step(op: str, point: str, pinned: bool, tmp_path: Path,
         assert d.proc.returncode == -signal.SIGKILL, f"the daemon did not die at {point}"
     world = s.expected(world)
     offset = os.path.getsize(tmp_path / "pycrid.log")
-    with _start(tmp_path, registry, test_images) as d:
+    with _start(tmp_path, registry, test_images, state=state) as d:
         pods = Pods(d.client)
         try:
             assert _listed(pods) == (world.pods, world.containers)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -150,10 +152,12 @@ def wait_ready(daemon: Daemon, timeout: float = 30) -> None:
 
 @contextlib.contextmanager
 def running_daemon(base: str, config_text: str | None = None, *extra: str,
-                   env: dict[str, str] | None = None) -> Iterator[Daemon]:
-    """Start pycrid under ``base`` (root, state, socket, log inside it); stop it after."""
+                   env: dict[str, str] | None = None,
+                   state_dir: str | None = None) -> Iterator[Daemon]:
+    """Start pycrid under ``base`` (root, state, socket, log inside it, or the state in
+    ``state_dir``); stop it after."""
     os.makedirs(base, exist_ok=True)
-    root, state = os.path.join(base, "root"), os.path.join(base, "state")
+    root, state = os.path.join(base, "root"), state_dir or os.path.join(base, "state")
     address = os.path.join(state, "pycrid.sock")
     config = os.path.join(base, "config.toml")
     with open(config, "w") as f:
@@ -171,6 +175,22 @@ def running_daemon(base: str, config_text: str | None = None, *extra: str,
         yield d
     finally:
         d.stop()
+
+
+@contextlib.contextmanager
+def mapped_root_state() -> Iterator[str]:
+    """A state directory the root of a pod in a user namespace can pass through: runc
+    sets the rootfs up from inside the pod's user namespace, and pytest's temporary tree
+    is 0700 (and pytest puts that mode back when a session starts). A fresh directory
+    under /run (0755), searchable but not listable by others, removed afterwards."""
+    state = tempfile.mkdtemp(prefix="pycrid-test-userns-", dir="/run")
+    os.chmod(state, 0o711)
+    try:
+        yield state
+    finally:
+        for mp in mounts_under(state)[::-1]:
+            subprocess.run(["umount", "-l", mp], check=False)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def mounts_under(path: str) -> list[str]:

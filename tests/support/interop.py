@@ -116,3 +116,19 @@ def write_mirrors(registry: LocalRegistry, certs_dir: str | os.PathLike[str],
             f'[host."{registry.url}"]\n'
             '  capabilities = ["pull", "resolve"]\n')
     return str(certs_dir)
+
+
+def idmap_runc() -> Path:
+    """The interop runc, if it makes idmapped mounts (``runc features``: the user
+    namespace and ``mountExtensions.idmap``), which user-namespace pods need; or skip,
+    saying why (Debian's runc 1.1 has none)."""
+    import subprocess
+
+    runc = require("runc")
+    features = json.loads(subprocess.run([str(runc), "features"], capture_output=True,
+                                         check=True, timeout=30).stdout)
+    linux = features.get("linux") or {}
+    idmap = ((linux.get("mountExtensions") or {}).get("idmap") or {}).get("enabled")
+    if idmap is not True or "user" not in (linux.get("namespaces") or []):
+        pytest.skip(f"runc lacks idmapped mounts ({runc} features: {linux.get('mountExtensions')})")
+    return runc

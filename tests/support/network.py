@@ -64,6 +64,13 @@ def release(base: str) -> None:
         subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
+def release_under(top: str) -> None:
+    """:func:`release` for every daemon base at or below ``top`` (a test's ``tmp_path``)."""
+    top = top.rstrip("/")
+    for base in [b for b in _subnets if b == top or b.startswith(top + "/")]:
+        release(base)
+
+
 def subnet_of(base: str) -> str:
     return f"{SUBNET_PREFIX}.{_index(base)}.0/24"
 

@@ -214,9 +214,13 @@ def test_sandbox_userns_pod() -> None:
             userns_path=STATE + "/pinned-namespaces/user")
     assert s["linux"]["namespaces"][-1] == {"type": "user",
                                             "path": STATE + "/pinned-namespaces/user"}
+    assert "uidMappings" not in s["linux"]  # runc reads them from the pinned namespace
+    assert "net.ipv4.ping_group_range" not in s["linux"]["sysctl"]
+    # Without a pinned namespace runc makes one, with the pod's maps.
+    s = sbx(pod(namespace_options=pb.NamespaceOption(userns_options=userns)))
+    assert {"type": "user"} in s["linux"]["namespaces"]
     assert s["linux"]["uidMappings"] == [{"containerID": 0, "hostID": 100000, "size": 65536}]
     assert s["linux"]["gidMappings"] == [{"containerID": 0, "hostID": 200000, "size": 65536}]
-    assert "net.ipv4.ping_group_range" not in s["linux"]["sysctl"]
 
 
 def test_sandbox_userns_hostnet_binds_sys() -> None:
@@ -776,7 +780,15 @@ def test_container_userns_pod() -> None:
     opts = pb.NamespaceOption(userns_options=userns)
     spec = ctr(cc(sc=sc(namespace_options=opts)), sandbox=pod(namespace_options=opts))
     assert spec["linux"]["namespaces"][-1] == {"type": "user", "path": "/proc/42/ns/user"}
-    assert spec["linux"]["uidMappings"] == [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    # Joined by path: runc reads the maps from the namespace (and warns at a repeat).
+    assert "uidMappings" not in spec["linux"] and "gidMappings" not in spec["linux"]
+    # The pod files are idmapped with the pod's maps (containerd's linuxContainerMounts);
+    # /dev/shm, a tmpfs of mode 1777, is not.
+    want = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    by_dest = {m["destination"]: m for m in spec["mounts"]}
+    for dest in ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf"):
+        assert by_dest[dest]["uidMappings"] == by_dest[dest]["gidMappings"] == want, dest
+    assert "uidMappings" not in by_dest["/dev/shm"]
     with pytest.raises(InvalidArgument, match="differ"):
         ctr(cc(), sandbox=pod(namespace_options=opts))
 

@@ -136,6 +136,11 @@ class ImagesConfig:
     allow_device_nodes: bool = cfg(
         False, "Create device nodes found in image layers (refused by default: the\n"
         "container's /dev comes from the runtime, and a node in a layer is a way out).")
+    slow_chown: bool = cfg(
+        False, "Pods in a user namespace see the image's layers through idmapped mounts;\n"
+        "where the kernel or file system cannot make them, give such pods a copy of the\n"
+        "image chowned to their ids instead of refusing them (containerd's overlayfs\n"
+        "snapshotter key: the copy costs the image's size per set of mappings).")
     registry: RegistryConfig = cfg(RegistryConfig(), "Registry access.")
 
 

@@ -141,10 +141,13 @@ def oci_resource_update(res: api.LinuxResources) -> dict[str, Any]:
 
 
 def pod_object(rec: SandboxRecord, cgroups_path: str,
-               pinned: Namespaces | None = None) -> api.PodSandbox:
-    """The pod as plugins see it. A pod without a pause process (``pinned``: the
+               namespaces: Namespaces | None = None) -> api.PodSandbox:
+    """The pod as plugins see it. A pod without a pause process (``namespaces``: the
     namespaces its containers join) has pid 0 and names its pinned namespaces by path,
-    as CRI-O presents a pod whose infra container it dropped."""
+    as CRI-O presents a pod whose infra container it dropped. A pod in a user namespace
+    shows it, by the path of its pin (the NRI API has no field for id mappings: a
+    plugin reads them from the pod's config, or from ``/proc/<pid>/uid_map`` of its
+    containers)."""
     cfg, md = rec.config, rec.config.metadata
     pod = api.PodSandbox(id=rec.id, name=md.name, uid=md.uid, namespace=md.namespace,
                          labels=dict(cfg.labels), annotations=dict(cfg.annotations),
@@ -156,8 +159,10 @@ def pod_object(rec: SandboxRecord, cgroups_path: str,
         linux.pod_resources.CopyFrom(resources_from_cri(cfg.linux.resources))
     if cfg.linux.HasField("overhead"):
         linux.pod_overhead.CopyFrom(resources_from_cri(cfg.linux.overhead))
-    if pinned is not None:
-        for kind, path in (("ipc", pinned.ipc), ("uts", pinned.uts), ("network", pinned.network)):
+    user = namespaces.user if namespaces is not None else None
+    if rec.controller == "pinned" and namespaces is not None:
+        for kind, path in (("ipc", namespaces.ipc), ("uts", namespaces.uts),
+                           ("network", namespaces.network), ("user", user)):
             if path is not None:
                 linux.namespaces.add(type=kind, path=path)
         return pod
@@ -170,6 +175,8 @@ def pod_object(rec: SandboxRecord, cgroups_path: str,
     linux.namespaces.add(type="mount")
     if rec.netns:
         linux.namespaces.add(type="network", path=rec.netns)
+    if user is not None:
+        linux.namespaces.add(type="user", path=user)
     return pod
 
 

@@ -81,7 +81,7 @@ def conmon_processes(exit_dir: str) -> dict[int, str]:
 
 async def sweep(*, layout: Layout, recorded: Recorded, runtime_ids: set[str],
                 snapshotter: Snapshotter, network: SandboxNetwork,
-                remove_sandbox: Callable[[str], Awaitable[None]],
+                remove_sandbox: Callable[[str], Awaitable[object]],
                 remove_container: Callable[[str], Awaitable[None]]) -> list[str]:
     """Remove every trace of unknown ids; returns what was removed (for the log)."""
     known = recorded.pods | recorded.containers

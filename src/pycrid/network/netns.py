@@ -4,7 +4,10 @@ containerd creates the pod's netns before the pause container so the network
 can be wired first (CRI-TO-OCI.md §1.1); the pause container then joins it by
 path. A short-lived thread makes it (:mod:`pycrid.host.pins`) and raises ``lo``
 through an ioctl on a socket opened inside it. No ``ip``/``unshare``
-subprocess is needed.
+subprocess is needed. A pod in a user namespace gets its netns made inside a new
+user namespace with the pod's mappings (containerd's ``setupNetnsWithinUserns``):
+only a process can do that (:mod:`pycrid.host.userns`), and the netns then holds
+that user namespace, which the sandbox controller pins as the pod's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import socket
 import struct
 
 from pycrid.host import pins
+from pycrid.host.userns import IDMap, NamespaceRequest, pin_namespaces
 
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
@@ -28,9 +32,14 @@ def _lo_up() -> None:
         fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
-def create_netns(path: str) -> None:
-    """Create a network namespace pinned at ``path`` (a new file) with loopback up."""
-    pins.pin_new({"net": path}, _lo_up)
+def create_netns(path: str, idmap: IDMap | None = None) -> None:
+    """Create a network namespace pinned at ``path`` (a new file) with loopback up;
+    with ``idmap``, owned by a new user namespace with those mappings."""
+    if idmap is None:
+        pins.pin_new({"net": path}, _lo_up)
+    else:
+        pin_namespaces(NamespaceRequest(pins={"net": path}, idmap=idmap, new=("net",),
+                                        lo_up=True))
 
 
 #: Unpin and delete a netns file (nothing to do if it is gone).

@@ -17,6 +17,7 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.host.userns import IDMap
 from pycrid.network.cni_args import bandwidth
 from pycrid.network.netns import connect_in, create_netns, is_pinned, remove_netns
 from pycrid.network.pod_networks import PodNetworks
@@ -50,8 +51,8 @@ class NetnsCNI(SandboxNetwork):
     def new_netns_path(self) -> str:
         return os.path.join(self.netns_dir, f"cni-{uuid.uuid4()}")
 
-    async def create_netns(self, path: str) -> None:
-        await asyncio.to_thread(create_netns, path)
+    async def create_netns(self, path: str, idmap: IDMap | None = None) -> None:
+        await asyncio.to_thread(create_netns, path, idmap)
 
     async def remove_netns(self, path: str) -> None:
         await asyncio.to_thread(remove_netns, path)

@@ -16,6 +16,8 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.host.userns import IDMap
+
 
 class SandboxNetwork(abc.ABC):
     # ---- the network's own life and state ----------------------------------------------
@@ -52,8 +54,9 @@ class SandboxNetwork(abc.ABC):
         """Where a new pod's netns will be pinned (nothing is made yet)."""
 
     @abc.abstractmethod
-    async def create_netns(self, path: str) -> None:
-        """Create a network namespace pinned at ``path``, loopback up."""
+    async def create_netns(self, path: str, idmap: IDMap | None = None) -> None:
+        """Create a network namespace pinned at ``path``, loopback up; with ``idmap``
+        (a pod in a user namespace), owned by a new user namespace with those maps."""
 
     @abc.abstractmethod
     async def remove_netns(self, path: str) -> None:

@@ -124,8 +124,7 @@ def container_spec(req: ContainerSpecRequest, image: ImageInput, *,
         base = [sys_bind() if m["destination"] == "/sys" else m for m in base]
     mounts, propagation = container_mounts(
         base, cgroup_mount, config, req.files, volumes,
-        readonly_rootfs=sc.readonly_rootfs, host_ipc=sc.namespace_options.ipc == pb.NODE,
-        rro_supported=handler.rro_supported)
+        rro_supported=handler.rro_supported, userns=userns)
     spec["mounts"] = mounts
     if propagation:
         linux["rootfsPropagation"] = propagation
@@ -159,8 +158,11 @@ def container_spec(req: ContainerSpecRequest, image: ImageInput, *,
         if not sc.namespace_options.HasField("userns_options") or \
                 sc.namespace_options.userns_options != popts.userns_options:
             raise InvalidArgument("container user namespace options differ from the sandbox's")
-        linux["uidMappings"] = idmaps(userns.uids)
-        linux["gidMappings"] = idmaps(userns.gids)
+        if req.namespaces.user is None:
+            # Joining the pod's pinned user namespace, runc reads the maps from it and
+            # warns when the spec repeats them ("you may only provide one").
+            linux["uidMappings"] = idmaps(userns.uids)
+            linux["gidMappings"] = idmaps(userns.gids)
     apply_container_security(spec, sc, privileged=privileged, host=host.security,
                              unset_profile=policy.unset_seccomp_profile)
     spec["annotations"] = _container_annotations(req, handler)
@@ -290,7 +292,7 @@ def _container_namespaces(
     if cgroupns:
         out.append({"type": "cgroup"})
     if userns:
-        out.append({"type": "user", "path": pod.user})
+        out.append({"type": "user", "path": pod.user} if pod.user else {"type": "user"})
     return out
 
 

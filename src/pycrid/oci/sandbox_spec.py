@@ -50,7 +50,8 @@ class SandboxSpecRequest:
     #: The pause image's reference (an annotation).
     pause_image: str
     files: SandboxFiles
-    #: The pod's network namespace ("" for the host's) and user namespace.
+    #: The pod's network namespace ("" for the host's) and its pinned user namespace
+    #: ("": none, or none pinned).
     netns_path: str = ""
     userns_path: str = ""
 
@@ -100,12 +101,15 @@ def sandbox_spec(req: SandboxSpecRequest, image: ImageInput, *,
             ns = {"type": "network", "path": req.netns_path}
         namespaces.append(ns)
     if userns is not None:
+        # The pod's pinned user namespace (sandbox/pod_userns.py); without one, runc
+        # makes a new one with the pod's mappings.
         user_ns: Spec = {"type": "user"}
-        if not host_net:
-            user_ns["path"] = req.userns_path
+        if req.userns_path:
+            user_ns["path"] = req.userns_path  # runc reads the maps from it
+        else:
+            linux["uidMappings"] = idmaps(userns.uids)
+            linux["gidMappings"] = idmaps(userns.gids)
         namespaces.append(user_ns)
-        linux["uidMappings"] = idmaps(userns.uids)
-        linux["gidMappings"] = idmaps(userns.gids)
     linux["namespaces"] = namespaces
 
     spec["mounts"] = sandbox_mounts(spec["mounts"], req.files, host_ipc=opts.ipc == pb.NODE,

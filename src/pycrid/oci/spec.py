@@ -16,6 +16,7 @@ from typing import Any, Literal
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
+from pycrid.host.userns import IDMap, IDRange
 from pycrid.oci.defaults import Spec
 from pycrid.oci.security import validate_sysctls
 
@@ -112,6 +113,25 @@ def pod_userns(opts: pb.NamespaceOption) -> pb.UserNamespace | None:
     if len(userns.uids) != 1 or len(userns.gids) != 1:
         raise InvalidArgument("user namespace needs exactly one uid and one gid mapping")
     return userns
+
+
+def pod_idmap(opts: pb.NamespaceOption) -> IDMap | None:
+    """The pod's user namespace mappings, None for a pod in the node's user namespace.
+    Container id 0 must be mapped (containerd's RootPair check): the pod's root owns
+    its rootfs and files."""
+    userns = pod_userns(opts)
+    if userns is None:
+        return None
+    out = IDMap(tuple(IDRange(m.container_id, m.host_id, m.length) for m in userns.uids),
+                tuple(IDRange(m.container_id, m.host_id, m.length) for m in userns.gids))
+    if any(r.size < 1 for r in (*out.uids, *out.gids)):
+        raise InvalidArgument("user namespace mapping length must be at least 1")
+    try:
+        out.root()
+    except ValueError:
+        raise InvalidArgument("user namespace mappings must map container uid and gid 0 "
+                              "(the pod's root)") from None
+    return out
 
 
 def idmaps(maps: Sequence[pb.IDMapping]) -> list[Spec]:

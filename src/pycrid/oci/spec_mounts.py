@@ -160,8 +160,16 @@ def _idmap(maps: Iterable[pb.IDMapping]) -> list[Spec]:
             for m in maps]
 
 
-def _plain(dest: str, source: str, readonly: bool) -> pb.Mount:
-    return pb.Mount(container_path=dest, host_path=source, readonly=readonly)
+def _plain(dest: str, source: str, readonly: bool,
+           userns: pb.UserNamespace | None = None) -> pb.Mount:
+    """A mount the runtime adds; in a pod's user namespace idmapped with the pod's
+    mappings, so that its root owns what the node's root does (containerd's
+    linuxContainerMounts and volumeMounts)."""
+    out = pb.Mount(container_path=dest, host_path=source, readonly=readonly)
+    if userns is not None:
+        out.uidMappings.extend(userns.uids)
+        out.gidMappings.extend(userns.gids)
+    return out
 
 
 def container_mounts(
@@ -171,26 +179,29 @@ def container_mounts(
     files: SandboxFiles,
     volumes: Sequence[ImageVolume],
     *,
-    readonly_rootfs: bool,
-    host_ipc: bool,
     rro_supported: bool = False,
+    userns: pb.UserNamespace | None = None,
 ) -> tuple[list[Spec], str | None]:
     """§2.6: filtered base + cgroup mount, then CRI mounts and extras sorted by depth.
+    In a pod's user namespace (``userns``) the pod files and image VOLUMEs are idmapped;
+    /dev/shm is not (a tmpfs of mode 1777: containerd leaves it unmapped too).
 
     Returns the mounts and the rootfsPropagation ("rslave"/"rshared") or None.
     """
+    sc = config.linux.security_context
+    readonly_rootfs, host_ipc = sc.readonly_rootfs, sc.namespace_options.ipc == pb.NODE
     supplied = list(config.mounts)
     taken = {clean(m.container_path) for m in supplied}
     extras = [
-        ("/etc/hostname", files.hostname, readonly_rootfs),
-        ("/etc/hosts", files.hosts, readonly_rootfs),
-        ("/etc/resolv.conf", files.resolv_conf, readonly_rootfs),
-        ("/dev/shm", HOST_SHM if host_ipc else files.shm, False),
-        *((v.destination, v.source, False) for v in volumes),
+        ("/etc/hostname", files.hostname, readonly_rootfs, userns),
+        ("/etc/hosts", files.hosts, readonly_rootfs, userns),
+        ("/etc/resolv.conf", files.resolv_conf, readonly_rootfs, userns),
+        ("/dev/shm", HOST_SHM if host_ipc else files.shm, False, None),
+        *((v.destination, v.source, False, userns) for v in volumes),
     ]
-    for dest, source, readonly in extras:
+    for dest, source, readonly, mapped in extras:
         if source is not None and clean(dest) not in taken:
-            supplied.append(_plain(dest, source, readonly))
+            supplied.append(_plain(dest, source, readonly, mapped))
             taken.add(clean(dest))
     converted: list[Spec] = []
     propagation: str | None = None

@@ -16,7 +16,9 @@ from typing import Any
 from pycrid.errors import FailedPrecondition, NotFound
 from pycrid.host import space
 from pycrid.host.mounts import mount, mounts_under, unmount
+from pycrid.host.userns import open_to_mapped_root
 from pycrid.images.snapshots import Snapshotter
+from pycrid.runtime.mapped_rootfs import RootfsMapping, mount_snapshot
 
 _MAX_ETC_FILE = 4 * 1024 * 1024
 
@@ -41,12 +43,20 @@ def rootfs_of(bundle: str) -> str:
 
 
 def prepare_rootfs(snapshotter: Snapshotter, key: str, parent: str | None,
-                   bundle: str) -> str:
-    """A writable snapshot of ``parent`` named ``key``, mounted at ``<bundle>/rootfs``."""
+                   bundle: str, mapping: RootfsMapping | None = None) -> str:
+    """A writable snapshot of ``parent`` named ``key``, mounted at ``<bundle>/rootfs``;
+    with ``mapping``, as a pod in a user namespace sees it (runtime/mapped_rootfs.py),
+    the bundle open to the pod's root."""
     os.makedirs(bundle, mode=0o700, exist_ok=True)
     target = rootfs_of(bundle)
     os.makedirs(target, mode=0o755, exist_ok=True)
-    mounts = snapshotter.prepare(key, parent, labels={"pycrid.io/bundle": bundle})
+    labels = {"pycrid.io/bundle": bundle}
+    if mapping is not None:
+        open_to_mapped_root(bundle, mapping.idmap)
+        mount_snapshot(snapshotter, key, parent, target, mapping, scratch_dir=bundle,
+                       labels=labels)
+        return target
+    mounts = snapshotter.prepare(key, parent, labels=labels)
     try:
         for m in mounts:
             mount(m, target)

@@ -18,6 +18,7 @@ import os
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.host.mounts import mount, real_dir_beneath
 from pycrid.images.snapshots import Snapshotter
+from pycrid.runtime.mapped_rootfs import RootfsMapping, mount_snapshot
 
 PREFIX = "image-volume/"
 
@@ -39,19 +40,26 @@ def target_of(bundle: str, index: int) -> str:
 
 
 def mount_image_volume(snapshotter: Snapshotter, *, container_id: str, index: int,
-                       parent: str | None, bundle: str, sub_path: str, what: str) -> str:
+                       parent: str | None, bundle: str, sub_path: str, what: str,
+                       mapping: RootfsMapping | None = None) -> str:
     """Mount a read-only view of snapshot ``parent`` (an image's top chain id) for the
     container's mount ``index``; returns the host path to bind (``sub_path`` inside it).
 
     On failure the view and its mount stay for the caller's cleanup
     (``remove_image_volumes`` after unmounting the bundle), as every other step of a
-    create does. ``what`` names the mount and image in errors.
+    create does. ``what`` names the mount and image in errors. With ``mapping`` (a pod
+    in a user namespace) the image's layers are idmapped as its rootfs's are
+    (containerd gives image volume snapshots the pod's remapping labels too).
     """
     target = target_of(bundle, index)
     os.makedirs(target, mode=0o755, exist_ok=True)
-    for m in snapshotter.view(snapshot_key(container_id, index), parent,
-                              labels={"pycrid.io/container": container_id}):
-        mount(m, target)
+    key, labels = snapshot_key(container_id, index), {"pycrid.io/container": container_id}
+    if mapping is not None:
+        mount_snapshot(snapshotter, key, parent, target, mapping, scratch_dir=bundle,
+                       view=True, labels=labels)
+    else:
+        for m in snapshotter.view(key, parent, labels=labels):
+            mount(m, target)
     if not sub_path:
         return target
     try:

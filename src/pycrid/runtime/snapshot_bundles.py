@@ -20,11 +20,12 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.cri_fields import set_image_ref
-from pycrid.errors import InvalidArgument
+from pycrid.errors import FailedPrecondition, InvalidArgument
 from pycrid.faults import failpoint
 from pycrid.host import space
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
+from pycrid.oci.spec import pod_idmap
 from pycrid.oci.spec_inputs import NO_HANDLER, HandlerOptions, HostInput, ImageInput, SpecPolicy
 from pycrid.oci.spec_mounts import IMAGE_VOLUME_FAILED
 from pycrid.runtime.bundle import (
@@ -40,11 +41,13 @@ from pycrid.runtime.container_bundles import (
     ContainerBundle,
     ContainerBundleRequest,
     ContainerBundles,
+    ContainerPod,
     VolumeImage,
 )
 from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
+from pycrid.runtime.mapped_rootfs import RootfsMapping
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class BundleSettings:
     #: Spec options and features of each runtime handler, by name.
     handlers: Mapping[str, HandlerSpec] = field(default_factory=dict)
     default_handler: str = "runc"
+    #: A chowned copy of the image for pods in a user namespace where idmapped layers
+    #: fail (containerd's slow_chown).
+    slow_chown: bool = False
 
 
 class SnapshotBundles(ContainerBundles):
@@ -64,7 +70,11 @@ class SnapshotBundles(ContainerBundles):
         self.snapshotter = snapshotter
         self.paths = paths
         self.settings = settings
-        os.makedirs(os.path.join(paths.state_dir, "containers"), mode=0o700, exist_ok=True)
+        # Searchable, not listable: the root of a pod in a user namespace passes through
+        # to its bundle (which is its own, 0710).
+        containers = os.path.join(paths.state_dir, "containers")
+        os.makedirs(containers, mode=0o711, exist_ok=True)
+        os.chmod(containers, 0o711)
         os.makedirs(os.path.join(paths.root_dir, "containers"), mode=0o700, exist_ok=True)
 
     async def build(self, req: ContainerBundleRequest) -> ContainerBundle:
@@ -88,9 +98,10 @@ class SnapshotBundles(ContainerBundles):
         """Rootfs, image volumes and spec."""
         cid = req.id
         bundle = self.paths.bundle(cid)
-        rootfs = prepare_rootfs(self.snapshotter, cid, req.image.chain_top, bundle)
+        mapping = self._mapping(req.pod)
+        rootfs = prepare_rootfs(self.snapshotter, cid, req.image.chain_top, bundle, mapping)
         failpoint("container.rootfs")
-        config = self._mount_image_volumes(cid, req.config, req.image.volumes)
+        config = self._mount_image_volumes(cid, req.config, req.image.volumes, mapping)
         volumes_dir = os.path.join(self.paths.volumes(cid), "volumes")
         privileged = config.linux.security_context.privileged
         devices = cri_devices(list(config.devices))
@@ -114,8 +125,19 @@ class SnapshotBundles(ContainerBundles):
                 os.makedirs(m.host_path, mode=0o755, exist_ok=True)  # as containerd does
         return ContainerBundle(spec, config)
 
+    def _mapping(self, pod: ContainerPod) -> RootfsMapping | None:
+        """How the layers must look to a pod in a user namespace (None: as they are)."""
+        idmap = pod_idmap(pod.config.linux.security_context.namespace_options)
+        if idmap is None:
+            return None
+        if pod.namespaces.user is None:
+            raise FailedPrecondition(f"pod {pod.id} has no pinned user namespace (made "
+                                     "before this version knew user-namespace pods?)")
+        return RootfsMapping(idmap, pod.namespaces.user, self.settings.slow_chown)
+
     def _mount_image_volumes(self, cid: str, config: pb.ContainerConfig,
-                             images: Mapping[int, VolumeImage]) -> pb.ContainerConfig:
+                             images: Mapping[int, VolumeImage],
+                             mapping: RootfsMapping | None) -> pb.ContainerConfig:
         """Mount each image volume (runtime/image_volumes.py); returns the config with
         their host paths and image ids set, which ContainerStatus.mounts reports
         (containerd fills in host_path; cri-api's ImageSpec.image_ref is the id that
@@ -130,7 +152,7 @@ class SnapshotBundles(ContainerBundles):
                 self.snapshotter, container_id=cid, index=i, parent=img.chain_top,
                 bundle=self.paths.bundle(cid), sub_path=m.image_sub_path,
                 what=f"{IMAGE_VOLUME_FAILED}: mount {m.container_path!r} of image "
-                     f"{m.image.image!r}")
+                     f"{m.image.image!r}", mapping=mapping)
             set_image_ref(m.image, img.image_id)
         failpoint("container.image_volumes")
         return resolved

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +97,10 @@ class SandboxController(abc.ABC):
         (one ``runc list``) and its recorded exit, without a runtime call of its own."""
 
     @abc.abstractmethod
-    async def shutdown(self, sandbox_id: str) -> None:
-        """Delete every trace of the sandbox (idempotent; also undoes a partial create)."""
+    async def shutdown(self, sandbox_id: str) -> Sequence[str]:
+        """Delete every trace of the sandbox (idempotent; also undoes a partial create).
+        Returns the parents of the snapshots removed: chains that may now be collected
+        (a pause image's chowned copy for a pod in a user namespace)."""
 
     @abc.abstractmethod
     def files(self, sandbox_id: str) -> SandboxFiles:

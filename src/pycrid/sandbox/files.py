@@ -19,7 +19,9 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.faults import failpoint
 from pycrid.host import space
 from pycrid.host.mounts import Mount, mount, unmount
+from pycrid.host.userns import IDMap, open_to_mapped_root
 from pycrid.oci.spec_mounts import SandboxFiles
+from pycrid.sandbox.pod_userns import check_reachable
 
 #: /dev/shm of a pod: one 64 MiB tmpfs shared by its containers (§1.5).
 SHM_OPTIONS = ("nosuid", "nodev", "noexec", "mode=1777", "size=67108864")
@@ -82,14 +84,18 @@ class PodFiles:
                             resolv_conf=existing(os.path.join(d, "resolv.conf")),
                             shm=existing(os.path.join(self.bundle(sid), "shm")))
 
-    def create(self, sid: str, config: pb.PodSandboxConfig) -> None:
-        """Write the pod files, make the pod's directory and mount its /dev/shm."""
+    def create(self, sid: str, config: pb.PodSandboxConfig, idmap: IDMap | None = None) -> None:
+        """Write the pod files, make the pod's directory and mount its /dev/shm; for a pod
+        in a user namespace (``idmap``), a directory its root may enter."""
+        if idmap is not None:
+            check_reachable(self.state_dir, idmap)
         files_dir = self.files_dir(sid)
         with space.writing(f"the files (hostname, hosts, resolv.conf) of pod sandbox {sid}",
                            files_dir):
-            self._create(sid, config, files_dir)
+            self._create(sid, config, files_dir, idmap)
 
-    def _create(self, sid: str, config: pb.PodSandboxConfig, files_dir: str) -> None:
+    def _create(self, sid: str, config: pb.PodSandboxConfig, files_dir: str,
+                idmap: IDMap | None) -> None:
         os.makedirs(files_dir, mode=0o755)
         hostname = config.hostname or socket.gethostname()
         _write(os.path.join(files_dir, "hostname"), (hostname + "\n").encode())
@@ -100,6 +106,8 @@ class PodFiles:
         failpoint("sandbox.files")
         bundle = self.bundle(sid)
         os.makedirs(bundle, mode=0o700)
+        if idmap is not None:
+            open_to_mapped_root(bundle, idmap)
         if config.linux.security_context.namespace_options.ipc != pb.NODE:
             shm = os.path.join(bundle, "shm")
             os.mkdir(shm, 0o700)

@@ -15,16 +15,17 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint, step
 from pycrid.host import space
+from pycrid.host.userns import IDMap
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec
-from pycrid.oci.spec import Namespaces, cgroups_path
+from pycrid.oci.spec import Namespaces, cgroups_path, pod_idmap, pod_userns
 from pycrid.oci.spec_inputs import (
     DEFAULT_HOST,
     DEFAULT_POLICY,
@@ -44,6 +45,7 @@ from pycrid.runtime.bundle import (
 from pycrid.runtime.exits import Exit, ExitWaiters
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, RuncState, RuncStatus
+from pycrid.runtime.mapped_rootfs import RootfsMapping
 from pycrid.sandbox.controller import (
     SandboxAnchor,
     SandboxController,
@@ -51,7 +53,8 @@ from pycrid.sandbox.controller import (
     SandboxState,
     SandboxStatus,
 )
-from pycrid.sandbox.files import NODE_FILES, HostFiles, PodFiles
+from pycrid.sandbox.files import PodFiles
+from pycrid.sandbox.pod_userns import pin_pod_userns, unpin_pod_userns, user_pin
 from pycrid.store.records import SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -61,16 +64,18 @@ log = logging.getLogger(__name__)
 
 class PauseController(SandboxController):
     def __init__(self, *, runtime: ContainerRuntime, snapshotter: Snapshotter, root_dir: str,
-                 state_dir: str, host_files: HostFiles = NODE_FILES,
-                 handlers: Mapping[str, HandlerSpec] | None = None,
-                 host: HostInput = DEFAULT_HOST, policy: SpecPolicy = DEFAULT_POLICY) -> None:
+                 state_dir: str, handlers: Mapping[str, HandlerSpec] | None = None,
+                 host: HostInput = DEFAULT_HOST, policy: SpecPolicy = DEFAULT_POLICY,
+                 slow_chown: bool = False) -> None:
         self.runtime = runtime
+        #: A chowned copy of the pause image where idmapped layers fail (user namespaces).
+        self.slow_chown = slow_chown
         #: Spec options by runtime handler (base spec, annotation pass-through).
         self.handlers = dict(handlers or {})
         #: Created sandboxes not started yet, with their handler.
         self._handler_of: dict[str, str] = {}
         self.snapshotter = snapshotter
-        self.pod_files = PodFiles(root_dir, state_dir, host_files)
+        self.pod_files = PodFiles(root_dir, state_dir)
         #: The host's facts (probed once, by the daemon) and the node's spec policy.
         self.host = host
         self.policy = policy
@@ -89,19 +94,25 @@ class PauseController(SandboxController):
 
     def _create(self, req: SandboxRequest) -> None:
         sid, config = req.id, req.config
-        self.pod_files.create(sid, config)
+        idmap = pod_idmap(config.linux.security_context.namespace_options)
+        self.pod_files.create(sid, config, idmap)
         bundle = self.bundle(sid)
         with space.writing(f"the rootfs and spec of the pause of pod sandbox {sid}", bundle):
-            self._bundle(req, bundle)
+            self._bundle(req, bundle, idmap)
 
-    def _bundle(self, req: SandboxRequest, bundle: str) -> None:
+    def _bundle(self, req: SandboxRequest, bundle: str, idmap: IDMap | None) -> None:
         sid, config = req.id, req.config
-        rootfs = prepare_rootfs(self.snapshotter, sid, req.image_chain_top, bundle)
+        userns, mapping = "", None
+        if idmap is not None:
+            userns = pin_pod_userns(bundle, req.netns, idmap)
+            mapping = RootfsMapping(idmap, userns, self.slow_chown, stage="sandbox")
+        rootfs = prepare_rootfs(self.snapshotter, sid, req.image_chain_top, bundle, mapping)
         failpoint("sandbox.rootfs")
         handler = self.handlers.get(req.runtime_handler)
         spec = sandbox_spec(
             SandboxSpecRequest(config, sid, pause_image=req.image_name,
-                               files=self.files(sid), netns_path=req.netns),
+                               files=self.files(sid), netns_path=req.netns,
+                               userns_path=userns),
             ImageInput(req.image_config, etc_passwd=read_etc(rootfs, "passwd"),
                        etc_group=read_etc(rootfs, "group")),
             host=self.host, policy=self.policy,
@@ -132,7 +143,12 @@ class PauseController(SandboxController):
             if await self.waiters.wait(sandbox_id, 30) is None:
                 log.warning("pause process of sandbox %s did not exit 30s after SIGKILL",
                             sandbox_id)
-        await asyncio.to_thread(self.pod_files.release_shm, sandbox_id)
+        await asyncio.to_thread(self._release, sandbox_id)
+
+    def _release(self, sandbox_id: str) -> None:
+        """What a stopped pod no longer needs: /dev/shm and its user namespace."""
+        self.pod_files.release_shm(sandbox_id)
+        unpin_pod_userns(self.bundle(sandbox_id))
 
     async def status(self, sandbox_id: str, verbose: bool = False) -> SandboxStatus:
         state = await self.runtime.state(sandbox_id)
@@ -156,13 +172,14 @@ class PauseController(SandboxController):
         return SandboxStatus(sandbox_id, state.pid,
                              SandboxState.RUNNING if alive else SandboxState.STOPPED, exit_, info)
 
-    async def shutdown(self, sandbox_id: str) -> None:
+    async def shutdown(self, sandbox_id: str) -> Sequence[str]:
         self._handler_of.pop(sandbox_id, None)  # created, never started
         await self.runtime.delete(sandbox_id)
-        await asyncio.to_thread(remove_bundle, self.snapshotter, sandbox_id,
-                                self.bundle(sandbox_id))
+        released = await asyncio.to_thread(remove_bundle, self.snapshotter, sandbox_id,
+                                           self.bundle(sandbox_id))
         await asyncio.to_thread(self.pod_files.remove, sandbox_id)
         self.runtime.forget_exit(sandbox_id)
+        return released
 
     def exited(self, sandbox_id: str, exit_: Exit) -> None:
         self.waiters.notify(exit_)
@@ -181,12 +198,14 @@ class PauseController(SandboxController):
 
     def namespaces(self, rec: SandboxRecord) -> Namespaces:
         """Everything through the pause's /proc/<pid>/ns (a namespace the pause took from
-        the host is the host's there too)."""
+        the host is the host's there too), but the user namespace: its pin."""
         def at(kind: str) -> str:
             return f"/proc/{rec.pid}/ns/{kind}"
 
+        opts = rec.config.linux.security_context.namespace_options
+        user = user_pin(self.bundle(rec.id)) if pod_userns(opts) is not None else None
         return Namespaces(network=at("net"), ipc=at("ipc"), uts=at("uts"), pid=at("pid"),
-                          user=at("user"))
+                          user=user)
 
     def anchor(self, sandbox: SandboxRecord) -> SandboxAnchor:
         """The pause: its cgroup, its pid while it lives, its bundle's spec."""

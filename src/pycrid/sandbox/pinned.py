@@ -5,7 +5,9 @@ own: what they share is its network namespace (pinned by the core), and here
 its IPC and UTS namespaces, made by a short-lived thread and pinned with bind
 mounts at ``<state>/sandboxes/<id>/ns/{ipc,uts}`` (CRI-O pins them with
 ``pinns``). The hostname and the pod's sysctls are set inside them before they
-are pinned; the pod's containers join them by path. No conmon, no runc.
+are pinned; the pod's containers join them by path. No conmon, no runc. A pod in
+a user namespace has that pinned too (``ns/user``), and its IPC and UTS
+namespaces are made inside it by a helper process (sandbox/pod_userns.py).
 
 Pins can disappear (an operator's umount): those of ready pods are checked whenever the
 node's mount table changes (``watch``), and a pod that lost one is reported, as a pod
@@ -26,7 +28,7 @@ import logging
 import os
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
@@ -35,8 +37,16 @@ from pycrid.errors import Internal, InvalidArgument
 from pycrid.faults import failpoint
 from pycrid.host import pins
 from pycrid.host.mountinfo import MountTableWatch
+from pycrid.host.userns import NamespaceRequest, pin_namespaces
 from pycrid.oci.security import sysctl_namespace
-from pycrid.oci.spec import CgroupDriver, Namespaces, cgroups_path, pod_sysctls
+from pycrid.oci.spec import (
+    CgroupDriver,
+    Namespaces,
+    cgroups_path,
+    pod_idmap,
+    pod_sysctls,
+    pod_userns,
+)
 from pycrid.oci.spec_mounts import SandboxFiles
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import RuncState
@@ -48,6 +58,7 @@ from pycrid.sandbox.controller import (
     SandboxStatus,
 )
 from pycrid.sandbox.files import NODE_FILES, HostFiles, PodFiles
+from pycrid.sandbox.pod_userns import pin_pod_userns
 from pycrid.stats.cgroup_hierarchy import Hierarchy, relative_cgroup
 from pycrid.store.records import SandboxRecord
 
@@ -115,8 +126,10 @@ class PinnedController(SandboxController):
 
     def namespaces(self, rec: SandboxRecord) -> Namespaces:
         pinned = self._pins(rec.config, rec.id)
+        opts = rec.config.linux.security_context.namespace_options
+        user = self._pin(rec.id, "user") if pod_userns(opts) is not None else None
         return Namespaces(network=rec.netns or None, ipc=pinned.get("ipc"),
-                          uts=pinned.get("uts"))
+                          uts=pinned.get("uts"), user=user)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -125,14 +138,29 @@ class PinnedController(SandboxController):
 
     def _create(self, req: SandboxRequest) -> None:
         sid, config = req.id, req.config
-        self.pod_files.create(sid, config)
-        sysctls = pod_sysctls(config)
+        idmap = pod_idmap(config.linux.security_context.namespace_options)
+        self.pod_files.create(sid, config, idmap)
+        # ping_group_range may not name groups the pod's user namespace lacks
+        # (containerd leaves the default out for such pods).
+        sysctls = pod_sysctls(config, unprivileged_icmp=idmap is None)
         ipc = {k: v for k, v in sysctls.items() if sysctl_namespace(k) == "ipc"}
         net = {k: v for k, v in sysctls.items() if sysctl_namespace(k) == "net"}
         pinned = self._pins(config, sid)
         cgroup_dirs = self._cgroup_dirs(config, sid)
+        layout_pins = {**pinned, **({"user": self._pin(sid, "user")} if idmap else {})}
         with open(os.path.join(self.pod_files.bundle(sid), _LAYOUT), "w") as f:
-            json.dump({"pins": pinned, "cgroups": cgroup_dirs}, f)
+            json.dump({"pins": layout_pins, "cgroups": cgroup_dirs}, f)
+        if idmap is not None:
+            # The pod's IPC and UTS namespaces must be its user namespace's: a helper
+            # process joins that one, then unshares them (host/userns.py).
+            user = pin_pod_userns(self.pod_files.bundle(sid), req.netns, idmap)
+            if pinned:
+                pin_namespaces(NamespaceRequest(
+                    pins=pinned, user=user, join={"net": req.netns} if req.netns else {},
+                    new=tuple(pinned), hostname=config.hostname if "uts" in pinned else "",
+                    sysctls={**ipc, **net}))
+            failpoint("sandbox.pinned")
+            return
 
         def inside() -> None:
             if "uts" in pinned and config.hostname:
@@ -207,7 +235,7 @@ class PinnedController(SandboxController):
         if os.path.isdir(bundle):
             with open(os.path.join(bundle, _STOPPED), "w"):
                 pass
-        for kind in ("ipc", "uts"):
+        for kind in ("ipc", "uts", "user"):
             pins.unpin(self._pin(sid, kind))
         self.pod_files.release_shm(sid)
 
@@ -235,9 +263,10 @@ class PinnedController(SandboxController):
                          runtime_states: dict[str, RuncState]) -> SandboxStatus:
         return SandboxStatus(sandbox_id, 0, self._state(sandbox_id))
 
-    async def shutdown(self, sandbox_id: str) -> None:
+    async def shutdown(self, sandbox_id: str) -> Sequence[str]:
         self._watched.pop(sandbox_id, None)
         await asyncio.to_thread(self._shutdown, sandbox_id)
+        return ()  # no snapshot
 
     def _shutdown(self, sid: str) -> None:
         self._stop(sid)

@@ -3,7 +3,7 @@ namespaces (a pod without a pause process)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from pycrid.oci.spec import Namespaces
 from pycrid.oci.spec_mounts import SandboxFiles
@@ -47,15 +47,17 @@ class SandboxRouter(SandboxController):
                          runtime_states: dict[str, RuncState]) -> SandboxStatus:
         return self._of(sandbox_id).recovered_status(sandbox_id, runtime_states)
 
-    async def shutdown(self, sandbox_id: str) -> None:
+    async def shutdown(self, sandbox_id: str) -> Sequence[str]:
         """By the pod's own controller; an id without a record by every controller (each
         shutdown is idempotent and ignores what it did not make)."""
         kind = self.kind_of(sandbox_id)
+        released: list[str] = []
         # The default last: the pause controller removes the pod's whole directory, where
         # another controller keeps the list of what it made.
         for name, controller in sorted(self.controllers.items(), key=lambda c: c[0] == DEFAULT):
             if kind is None or name == kind:
-                await controller.shutdown(sandbox_id)
+                released += await controller.shutdown(sandbox_id)
+        return released
 
     def files(self, sandbox_id: str) -> SandboxFiles:
         return self._of(sandbox_id).files(sandbox_id)

@@ -32,7 +32,7 @@ async def remove_rest(parts: PodParts, rec: SandboxRecord) -> None:
         async with parts.locks(c.id).write():
             await remove_locked(parts.containers, c.id)
     failpoint("sandbox.remove")
-    await parts.controller.shutdown(rec.id)
+    released = await parts.controller.shutdown(rec.id)
     failpoint("sandbox.shutdown")
     if rec.netns:
         await detach(parts, rec.id)
@@ -42,3 +42,4 @@ async def remove_rest(parts: PodParts, rec: SandboxRecord) -> None:
     parts.locks.drop(rec.id)
     parts.events.emit(events.DELETED, rec.id, rec.id)
     await parts.nri.remove_pod(rec.id)
+    await parts.images.release(released)

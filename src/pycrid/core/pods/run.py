@@ -25,6 +25,7 @@ from pycrid.core.pods.pod_parts import PodHandlers, PodParts, detach
 from pycrid.errors import InvalidArgument
 from pycrid.faults import step
 from pycrid.oci.security import validate_pod as validate_pod_security
+from pycrid.oci.spec import pod_idmap
 from pycrid.operations import Undo, detached, finish, interruptible
 from pycrid.sandbox.controller import SandboxRequest
 from pycrid.store.image_records import ImageRecord
@@ -38,7 +39,8 @@ async def run_pod(parts: PodParts, config: pb.PodSandboxConfig, handler: str) ->
     _validate(parts, config, handler)
     chosen = handler or parts.handlers.default  # the record keeps the name as asked
     opts = config.linux.security_context.namespace_options
-    if _own_userns(opts) and chosen not in parts.handlers.userns:
+    idmap = pod_idmap(opts)  # checks the mappings before any side effect
+    if idmap is not None and chosen not in parts.handlers.userns:
         # The kubelet checks this handler feature (Status) before asking; refuse a
         # request that skipped the check instead of failing deep inside runc.
         raise InvalidArgument(f"runtime handler {chosen!r} does not support user "
@@ -66,7 +68,9 @@ async def run_pod(parts: PodParts, config: pb.PodSandboxConfig, handler: str) ->
         await step("sandbox.record")
         if netns:
             undo.push_async_callback(parts.network.remove_netns, netns)
-            await finish(parts.network.create_netns(netns))  # a thread: never cut short
+            # A thread (or, for a pod in a user namespace, a helper process that makes
+            # the netns inside it: network/netns.py): never cut short.
+            await finish(parts.network.create_netns(netns, idmap))
             await step("sandbox.netns")
         undo.push_async_callback(parts.controller.shutdown, sid)
         # The pause joins the netns by path and CNI configures the netns: neither waits
@@ -115,18 +119,12 @@ def _validate(parts: PodParts, config: pb.PodSandboxConfig, handler: str) -> Non
     validate_pod_security(config)  # sysctls, seccomp profile: before any side effect
 
 
-def _own_userns(opts: pb.NamespaceOption) -> bool:
-    """The pod asks for a user namespace of its own."""
-    return opts.HasField("userns_options") and opts.userns_options.mode == pb.POD
-
-
 def _controller_for(handlers: PodHandlers, config: pb.PodSandboxConfig, handler: str) -> str:
     """"pinned" (no pause process) for a pod whose containers share no PID namespace,
     when drop_infra_ctr allows and its handler does not ask for a sandbox process
-    (CRI-O's NeedsInfra); "pause" otherwise, and always for user-namespace pods."""
+    (CRI-O's NeedsInfra); "pause" otherwise."""
     opts = config.linux.security_context.namespace_options
-    if (not handlers.drop_infra or opts.pid == pb.POD or handler in handlers.podsandbox
-            or _own_userns(opts)):
+    if not handlers.drop_infra or opts.pid == pb.POD or handler in handlers.podsandbox:
         return "pause"
     return "pinned"
 
