@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,19 +35,33 @@ class ContainerPaths:
     def volumes(self, cid: str) -> str:
         return os.path.join(self.root_dir, "containers", cid)
 
+    def checkpoint(self, cid: str) -> str:
+        """Where a checkpoint is gathered before it is archived (on disk, beside the
+        container's other files, removed with them; containerd's ``ctrd-checkpoint``)."""
+        return os.path.join(self.volumes(cid), "checkpoint")
+
+    def restore(self, cid: str) -> str:
+        """Where a restored container's archive is unpacked until StartContainer restores
+        it (containerd's ``ctrd-restore``)."""
+        return os.path.join(self.volumes(cid), "restore")
+
 
 def rootfs_of(bundle: str) -> str:
     return os.path.join(bundle, "rootfs")
 
 
 def prepare_rootfs(snapshotter: Snapshotter, key: str, parent: str | None,
-                   bundle: str) -> str:
-    """A writable snapshot of ``parent`` named ``key``, mounted at ``<bundle>/rootfs``."""
+                   bundle: str, fill: Callable[[], None] | None = None) -> str:
+    """A writable snapshot of ``parent`` named ``key``, mounted at ``<bundle>/rootfs``;
+    ``fill`` writes into its upper directory first (overlayfs must not see its layers
+    change while mounted)."""
     os.makedirs(bundle, mode=0o700, exist_ok=True)
     target = rootfs_of(bundle)
     os.makedirs(target, mode=0o755, exist_ok=True)
     mounts = snapshotter.prepare(key, parent, labels={"pycrid.io/bundle": bundle})
     try:
+        if fill is not None:
+            fill()
         for m in mounts:
             mount(m, target)
     except BaseException:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -44,6 +45,8 @@ from pycrid.runtime.container_bundles import (
 from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.handlers import HandlerSpec
 from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
+from pycrid.runtime.rootfs_diff import apply_diff, write_diff
+from pycrid.tasks import stoppable_thread
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,30 @@ class SnapshotBundles(ContainerBundles):
     async def remove(self, container_id: str) -> Sequence[str]:
         return await asyncio.to_thread(self._remove, container_id)
 
+    async def rootfs_diff(self, container_id: str, dest: str) -> None:
+        upper = self.snapshotter.upper_dir(container_id)
+        lowers = self._lowers(container_id)
+        await stoppable_thread(lambda stop: write_diff(upper, lowers, dest, stop))
+
+    def _apply_diff(self, cid: str, diff: str) -> None:
+        apply_diff(diff, self.snapshotter.upper_dir(cid), self._lowers(cid))
+
+    def _lowers(self, key: str) -> list[str]:
+        """The directories of the layers under snapshot ``key``, top first."""
+        out: list[str] = []
+        parent = self.snapshotter.stat(key).parent
+        while parent:
+            out.append(self.snapshotter.upper_dir(parent))
+            parent = self.snapshotter.stat(parent).parent
+        return out
+
     def _build(self, req: ContainerBundleRequest) -> ContainerBundle:
-        """Rootfs, image volumes and spec."""
+        """Rootfs (a restore's changes applied first), image volumes and spec."""
         cid = req.id
         bundle = self.paths.bundle(cid)
-        rootfs = prepare_rootfs(self.snapshotter, cid, req.image.chain_top, bundle)
+        fill = (functools.partial(self._apply_diff, cid, req.rootfs_diff)
+                if req.rootfs_diff else None)
+        rootfs = prepare_rootfs(self.snapshotter, cid, req.image.chain_top, bundle, fill)
         failpoint("container.rootfs")
         config = self._mount_image_volumes(cid, req.config, req.image.volumes)
         volumes_dir = os.path.join(self.paths.volumes(cid), "volumes")

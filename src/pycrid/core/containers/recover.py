@@ -51,6 +51,13 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
         return
     exit_ = parts.runtime.exit_of(rec.id)
     status = state.status if state is not None else None
+    if rec.restore and not rec.started_at and exit_ is None and status is None:
+        return  # created from a checkpoint: no runc container until StartContainer
+    if status is RuncStatus.PAUSED:
+        # pycrid freezes a container only while it checkpoints it: the daemon was
+        # killed in the middle of one. Thawed, as the checkpoint would have left it.
+        log.warning("container %s: thawing it after an interrupted checkpoint", rec.id)
+        await parts.runtime.resume(rec.id)
     if exit_ is None and status in (None, RuncStatus.STOPPED):
         # No status anywhere (runc forgot it, conmon died with it): containerd's
         # unknown exit code and reason.
@@ -59,7 +66,9 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
     if not rec.started_at and exit_ is None and started:
         # Killed between ``runc start`` and its record: the start happened; finish it.
         log.info("container %s: finishing an interrupted start", rec.id)
-        parts.store.update(rec.id, started_at=now_ns())
+        # A restore's pid is known only from runc (a create's was recorded with it).
+        parts.store.update(rec.id, started_at=now_ns(), restore=False,
+                           pid=rec.pid or (state.pid if state is not None else 0))
         parts.events.emit(events.STARTED, rec.id, rec.sandbox_id)
     if exit_ is not None:
         submit(exit_)
