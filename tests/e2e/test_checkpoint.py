@@ -255,6 +255,45 @@ def test_restore_into_a_pod_sharing_its_pid_namespace(daemon: Daemon, pods: Pods
     wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
 
 
+def test_crictl_checkpoint_and_restore(daemon: Daemon, pods: Pods, base: Path,
+                                      clean: None, tmp_path: Path) -> None:
+    """The same with the real crictl: ``crictl checkpoint --export``, then ``crictl create``
+    of the archive (no pull) and ``crictl start``."""
+    binary = interop.require("crictl")
+    config = tmp_path / "crictl.yaml"
+    config.write_text(f"runtime-endpoint: unix://{daemon.address}\n"
+                      f"image-endpoint: unix://{daemon.address}\ntimeout: 60\n")
+
+    def crictl(*args: str) -> str:
+        done = subprocess.run([str(binary), "--config", str(config), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    _, cid, _ = _counter(pods, daemon, base, "crictl-source")
+    archive = base / "crictl.tar"
+    assert crictl("checkpoint", "--export", str(archive), cid) == cid
+    pod = {"metadata": {"name": "crictl-restored", "namespace": "default", "uid": "u1"},
+           "log_directory": str(base / "logs" / "crictl-restored"),
+           "linux": {"security_context": {"namespace_options": {"pid": 1}}}}
+    ctr = {"metadata": {"name": "counter"}, "image": {"image": str(archive)},
+           "log_path": "counter.log",
+           "linux": {"security_context": {"namespace_options": {"pid": 1}}}}
+    (tmp_path / "pod.json").write_text(json.dumps(pod))
+    (tmp_path / "ctr.json").write_text(json.dumps(ctr))
+    sid = crictl("runp", str(tmp_path / "pod.json"))
+    pods.pods.append(sid)  # removed with the test's other pods
+    rid = crictl("create", "--no-pull", sid, str(tmp_path / "ctr.json"),
+                 str(tmp_path / "pod.json"))
+    crictl("start", rid)
+    first = int(crictl("exec", rid, "cat", "/tmp/count"))
+    wait_for(lambda: int(crictl("exec", rid, "cat", "/tmp/count")) > first, 10,
+             "the restored container to count on")
+    assert crictl("exec", rid, "cat", "/written") == "data"
+    counts = _counts(log_text(str(base / "logs" / "crictl-restored" / "counter.log")))
+    assert counts == list(range(1, len(counts) + 1))
+
+
 def test_checkpoint_refused_for_a_container_that_does_not_run(
         daemon: Daemon, pods: Pods, base: Path, clean: None) -> None:
     pod = _pod(base, "idle")
