@@ -371,10 +371,15 @@ async def _read_sync(fd: int) -> dict[str, Any] | None:
 
 
 def _runc_message(raw: bytes) -> str:
-    """runc's logrus line (``time=… level=error msg="…"``) reduced to its message."""
+    """runc's logrus line (``time=… level=error msg="…"``) reduced to its message. When
+    there are errors, its warnings go (runc 1.5 quotes all of CRIU's log as warnings
+    when a checkpoint fails)."""
     text = raw.decode(errors="replace").strip()
     lines = []
-    for line in text.splitlines():
+    all_lines = text.splitlines()
+    if any("level=error" in line for line in all_lines):
+        all_lines = [line for line in all_lines if "level=" not in line or "level=error" in line]
+    for line in all_lines:
         if 'msg="' in line:
             msg = line.split('msg="', 1)[1]
             msg = msg.rsplit('"', 1)[0]

@@ -64,6 +64,13 @@ async def plan(parts: ContainerParts, config: pb.ContainerConfig,
     why = parts.runtime.checkpoint_refusal(sandbox.runtime_handler)
     if why is not None:
         raise FailedPrecondition(f"cannot restore {archive} in pod sandbox {sandbox.id}: {why}")
+    opts = sandbox.config.linux.security_context.namespace_options
+    if opts.HasField("userns_options") and opts.userns_options.mode == pb.POD:
+        raise FailedPrecondition(
+            f"cannot restore {archive} in pod sandbox {sandbox.id}: the pod has its own user "
+            "namespace, and restoring into one is not supported (CRIU runs the restore as "
+            "the container's root, which cannot read the images, and runc 1.5.1 with "
+            "CRIU 4.2 failed to remount /sys there)")
     manifest = await asyncio.to_thread(read_manifest, archive)
     dumped = manifest.config
     names = [str(dumped.get(k) or "") for k in ("rootfsImageRef", "rootfsImageName",
