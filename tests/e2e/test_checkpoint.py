@@ -32,7 +32,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.bench.cri import container_config, pod_config
 from tests.support import interop
 from tests.support.daemon import Daemon, running_daemon
-from tests.support.images import TestImages
+from tests.support.images import TestImages, build_image, push
 from tests.support.pods import (
     Pods,
     busybox_daemon,
@@ -134,8 +134,9 @@ def _counts(log: str) -> list[int]:
     return [int(line.split()[1]) for line in log.splitlines() if line.startswith("count ")]
 
 
-def _restore(pods: Pods, base: Path, archive: Path, name: str, *,
+def _restore(pods: Pods, base: Path, archive: Path | str, name: str, *,
              shared_pid: bool = False) -> tuple[str, str]:
+    """A new pod and a container created from ``archive`` (a path or a checkpoint image)."""
     pod = _pod(base, name, shared_pid=shared_pid)
     sid = pods.run(pod)
     cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="counter"),
@@ -253,6 +254,41 @@ def test_restore_into_a_pod_sharing_its_pid_namespace(daemon: Daemon, pods: Pods
     pods.start(rid)
     first = _count(pods, rid)
     wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
+
+
+def checkpoint_image(registry: LocalRegistry, archive: Path, repo: str) -> str:
+    """The archive as a one-layer OCI image with checkpointctl's annotations (what
+    ``checkpointctl build`` makes with buildah), pushed; its reference."""
+    config = json.loads(_read(archive, "config.dump"))
+    spec = json.loads(_read(archive, "spec.dump"))
+    build = build_image([archive.read_bytes()], annotations={
+        "org.criu.checkpoint.engine.name": "containerd",
+        "org.criu.checkpoint.container.name":
+            spec["annotations"]["io.kubernetes.cri.container-name"],
+        "org.criu.checkpoint.rootfsImageName": config["rootfsImageName"],
+        "org.criu.checkpoint.rootfsImageID": config["rootfsImageRef"]})
+    push(registry, repo, "1", build)
+    return f"{registry.host}/{repo}:1"
+
+
+def test_restore_from_a_checkpoint_image(daemon: Daemon, pods: Pods, base: Path,
+                                         clean: None, registry: LocalRegistry) -> None:
+    """An archive made into an OCI image and pulled like any other: the kubelet's way."""
+    _, cid, _ = _counter(pods, daemon, base, "image-source")
+    archive = base / "image.tar"
+    _checkpoint(daemon, cid, archive)
+    image = checkpoint_image(registry, archive, "checkpoints/counter")
+    image_id = daemon.client.pull(image)
+    _, rid = _restore(pods, base, image_id, "from-image")
+    status = pods.status(rid).status
+    assert status.state == pb.CONTAINER_CREATED
+    assert status.annotations["checkpointImage"] == image_id
+    pods.start(rid)
+    first = _count(pods, rid)
+    wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
+    assert pods.exec(rid, ["cat", "/written"]).stdout == b"data\n"
+    counts = _counts(log_text(str(base / "logs" / "from-image" / "counter.log")))
+    assert counts == list(range(1, len(counts) + 1))
 
 
 def test_crictl_checkpoint_and_restore(daemon: Daemon, pods: Pods, base: Path,

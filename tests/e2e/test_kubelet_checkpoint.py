@@ -1,7 +1,10 @@
 """Forensic container checkpointing (KEP-2008) through the real kubelet (v1.36,
 ../shared/interop): ``POST /checkpoint/{namespace}/{pod}/{container}`` on its port makes
 it call CheckpointContainer with an archive under ``<root-dir>/checkpoints``; the
-container runs on, and the archive restores in a new pod and counts on from where it was.
+container runs on. The archive restores in a new pod and counts on from where it was:
+over CRI with its path as the image, and through the kubelet itself, made into a
+checkpoint image that a pod names (KEP-2008's restore: the kubelet pulls it, pycrid sees
+the checkpoint annotation and restores instead of starting).
 
 The ContainerCheckpoint feature gate has been on by default since Kubernetes 1.30 (beta);
 this kubelet gets no gate set. Skipped with the reason where the kubelet or the interop
@@ -22,6 +25,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from tests.e2e.test_checkpoint import checkpoint_image
 from tests.e2e.test_kubelet import remove_pods
 from tests.support import interop
 from tests.support.daemon import Daemon, running_daemon
@@ -54,10 +58,10 @@ SCRIPT = ("echo kept > /kept; i=0; "
           "while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done")
 
 
-def _manifest(image: str) -> str:
+def _manifest(image: str, name: str = "counter") -> str:
     return f"""apiVersion: v1
 kind: Pod
-metadata: {{name: counter, namespace: default}}
+metadata: {{name: {name}, namespace: default}}
 spec:
   terminationGracePeriodSeconds: 1
   containers:
@@ -142,3 +146,20 @@ def test_kubelet_checkpoint_endpoint(daemon: Daemon, test_images: TestImages,
         assert pods.exec(rid, ["cat", "/kept"]).stdout == b"kept\n"
     finally:
         pods.cleanup()
+
+    # The kubelet's own restore: a static pod whose image is the archive made an image.
+    image = checkpoint_image(registry, kept, "checkpoints/kubelet-counter")
+    with running_kubelet(daemon.extra["kubelet"], str(base / "kubelet-restore"),
+                         runtime_socket=daemon.address,
+                         manifests={"restored.yaml": _manifest(image, "restored")},
+                         cleanup=remove_pods(daemon)):
+        restored = wait_for(lambda: _counter(daemon), 120,
+                            "the kubelet to run the restored counter")
+        status = pods.status(restored.id).status
+        assert status.annotations["restored"] == "true"
+        assert status.image.image.endswith("/busybox:latest")  # the base image, not the
+        first = _count(pods, restored.id)                      # checkpoint image
+        assert first >= dumped
+        wait_for(lambda: _count(pods, restored.id) > first, 10,
+                 "the restored container to count on")
+        assert pods.exec(restored.id, ["cat", "/kept"]).stdout == b"kept\n"

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid.errors import Aborted, DataLoss, InvalidArgument
-from pycrid.images.layer_paths import clean_name
+from pycrid.images.layer_paths import clean_name, lower_entry
 
 CHECKPOINT_DIR = "checkpoint"
 INVENTORY = "inventory.img"
@@ -184,18 +184,65 @@ def read_manifest(archive: str) -> Manifest:
     return Manifest(config=found[CONFIG_DUMP], spec=found[SPEC_DUMP])
 
 
+def read_manifest_in_layers(layers: list[str], what: str) -> Manifest:
+    """The same, of a checkpoint image (an archive unpacked as an image's layers, top
+    first): its files are looked up as overlayfs shows them."""
+    found: dict[str, Any] = {}
+    for name in (CONFIG_DUMP, SPEC_DUMP):
+        entry = _lookup(layers, name)
+        if entry is None or not stat.S_ISREG(entry[1].st_mode):
+            continue
+        if entry[1].st_size > _MAX_JSON:
+            raise InvalidArgument(f"{what}: {name} is larger than {_MAX_JSON} bytes")
+        with open(entry[0], "rb") as f:
+            found[name] = _json_doc(f.read(), what, name)
+    inventory = _lookup(layers, f"{CHECKPOINT_DIR}/{INVENTORY}")
+    missing = [n for n in (CONFIG_DUMP, SPEC_DUMP) if n not in found]
+    if inventory is None:
+        missing.append(f"{CHECKPOINT_DIR}/{INVENTORY}")
+    if missing:
+        raise InvalidArgument(f"{what} is not a checkpoint image: it has no "
+                              f"{', '.join(missing)}")
+    return Manifest(config=found[CONFIG_DUMP], spec=found[SPEC_DUMP])
+
+
+def _lookup(layers: list[str], rel: str) -> tuple[str, os.stat_result] | None:
+    # Nothing lies above the layers: the upper root given is one that cannot exist.
+    return lower_entry(os.devnull, layers, rel)
+
+
+def _json_doc(data: bytes, archive: str, name: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise InvalidArgument(f"{archive}: {name} is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"{archive}: {name} is not a JSON object")
+    return doc
+
+
+def copy_files(src: str, dest: str, stop: threading.Event | None = None) -> None:
+    """Regular files and directories of the tree ``src`` (a checkpoint image's mounted
+    view) into ``dest``, by the same rule as ``unpack``."""
+    for dirpath, dirs, files in os.walk(src):
+        rel_dir = os.path.relpath(dirpath, src)
+        for name in dirs:
+            if not os.path.islink(os.path.join(dirpath, name)):
+                os.makedirs(os.path.join(dest, rel_dir, name), mode=0o700, exist_ok=True)
+        for name in files:
+            if stop is not None and stop.is_set():
+                raise Aborted("copying the checkpoint image was stopped")
+            path = os.path.join(dirpath, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                shutil.copyfile(path, os.path.join(dest, rel_dir, name), follow_symlinks=False)
+
+
 def _json_member(tf: tarfile.TarFile, info: tarfile.TarInfo, archive: str) -> dict[str, Any]:
     if info.size > _MAX_JSON:
         raise InvalidArgument(f"{archive}: {info.name} is larger than {_MAX_JSON} bytes")
     f = tf.extractfile(info)
     assert f is not None
-    try:
-        doc = json.loads(f.read())
-    except ValueError as e:
-        raise InvalidArgument(f"{archive}: {info.name} is not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument(f"{archive}: {info.name} is not a JSON object")
-    return doc
+    return _json_doc(f.read(), archive, info.name)
 
 
 def unpack(archive: str, dest: str, stop: threading.Event | None = None) -> None:

@@ -101,6 +101,15 @@ class ContainerBundles(abc.ABC):
         Cancelling stops it."""
 
     @abc.abstractmethod
+    async def copy_image(self, container_id: str, chain_top: str, dest: str) -> None:
+        """Copy the files of an image (a checkpoint image) into ``dest``, through a
+        read-only view of its layers that is gone when this returns."""
+
+    @abc.abstractmethod
+    def image_layers(self, chain_top: str) -> list[str]:
+        """The directories of an image's layers, top first (to read a few files)."""
+
+    @abc.abstractmethod
     async def remove(self, container_id: str) -> Sequence[str]:
         """Every file of the container but its log (idempotent; also undoes a partial
         build). Returns the parents of the snapshots removed: image chains that may

@@ -10,10 +10,12 @@ and cleans up after a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import os
 import shutil
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +23,9 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.cri_fields import set_image_ref
-from pycrid.errors import InvalidArgument
+from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint
+from pycrid.host.mounts import mount, mounts_under, unmount
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
 from pycrid.oci.spec_inputs import NO_HANDLER, HandlerOptions, HostInput, ImageInput, SpecPolicy
@@ -36,6 +39,7 @@ from pycrid.runtime.bundle import (
     remove_bundle,
     write_spec,
 )
+from pycrid.runtime.checkpoint_archive import copy_files
 from pycrid.runtime.container_bundles import (
     ContainerBundle,
     ContainerBundleRequest,
@@ -44,6 +48,7 @@ from pycrid.runtime.container_bundles import (
 )
 from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.handlers import HandlerSpec
+from pycrid.runtime.image_volumes import PREFIX as IMAGE_VOLUMES
 from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
 from pycrid.runtime.rootfs_diff import apply_diff, write_diff
 from pycrid.tasks import stoppable_thread
@@ -85,6 +90,30 @@ class SnapshotBundles(ContainerBundles):
         upper = self.snapshotter.upper_dir(container_id)
         lowers = self._lowers(container_id)
         await stoppable_thread(lambda stop: write_diff(upper, lowers, dest, stop))
+
+    async def copy_image(self, container_id: str, chain_top: str, dest: str) -> None:
+        key = f"{IMAGE_VOLUMES}{container_id}/checkpoint"  # removed with the container
+        target = os.path.join(self.paths.bundle(container_id), "checkpoint-image")
+
+        def copy(stop: threading.Event) -> None:
+            os.makedirs(target, mode=0o700, exist_ok=True)
+            try:
+                for m in self.snapshotter.view(key, chain_top,
+                                               labels={"pycrid.io/container": container_id}):
+                    mount(m, target)
+                copy_files(target, dest, stop)
+            finally:
+                for mp in reversed(mounts_under(target)):
+                    unmount(mp, detach=True)
+                with contextlib.suppress(NotFound):
+                    self.snapshotter.remove(key)
+                with contextlib.suppress(OSError):
+                    os.rmdir(target)
+
+        await stoppable_thread(copy)
+
+    def image_layers(self, chain_top: str) -> list[str]:
+        return [self.snapshotter.upper_dir(chain_top), *self._lowers(chain_top)]
 
     def _apply_diff(self, cid: str, diff: str) -> None:
         apply_diff(diff, self.snapshotter.upper_dir(cid), self._lowers(cid))

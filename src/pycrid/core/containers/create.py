@@ -68,8 +68,8 @@ async def create_container(parts: ContainerParts, sandbox_prefix: str,
         sandbox = parts.sandboxes.get(sid)
         if sandbox is None or not sandbox.ready:
             raise FailedPrecondition(f"pod sandbox {sandbox_prefix} is not ready")
-        if restore.is_archive(config.image.image):
-            plan = await restore.plan(parts, config, sandbox)
+        plan = await restore.plan(parts, config, sandbox)
+        if plan is not None:
             return await _create(parts, sandbox, plan.config, sandbox_config, plan)
         return await _create(parts, sandbox, config, sandbox_config)
 

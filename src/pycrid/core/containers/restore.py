@@ -2,9 +2,14 @@
 
 CreateContainer whose image is the absolute path of a file is a restore: CRI-O's rule
 (server/container_create.go: the image "is a file. Assuming it is a checkpoint
-archive"), which containerd shared until 2.4 removed restore from CreateContainer. As
-both do, the create makes the container and the start restores it (CRI-O's
-``ContainerRestore`` at StartContainer, containerd 2.3's ``Restore`` mark):
+archive"), which containerd shared until 2.4 removed restore from CreateContainer. So
+is one whose image is a checkpoint image: an archive made into a one-layer OCI image
+(``checkpointctl build``, buildah) whose manifest carries the annotation
+``org.criu.checkpoint.container.name`` (CRI-O's ``checkIfCheckpointOCIImage``;
+containerd 2.3 looked for the same in its index): pulled like any image, it is how
+the kubelet restores (KEP-2008). As both do, the create makes the container and the
+start restores it (CRI-O's ``ContainerRestore`` at StartContainer, containerd 2.3's
+``Restore`` mark):
 
 - create: the archive's config.dump names the base image, which must be here; the
   container is made from the request (name, mounts, resources, log path) on that image
@@ -18,6 +23,7 @@ both do, the create makes the container and the start restores it (CRI-O's
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -32,8 +38,10 @@ from pycrid.runtime.checkpoint_archive import (
     Manifest,
     copy_log,
     read_manifest,
+    read_manifest_in_layers,
     unpack,
 )
+from pycrid.store.image_records import ImageRecord
 from pycrid.store.records import ContainerRecord, SandboxRecord
 from pycrid.tasks import stoppable_thread
 
@@ -41,6 +49,8 @@ from pycrid.tasks import stoppable_thread
 RESTORED = "restored"
 CHECKPOINTED_AT = "checkpointedAt"
 CHECKPOINT_IMAGE = "checkpointImage"
+#: checkpointctl's CheckpointAnnotationName: what marks a checkpoint image.
+CHECKPOINT_ANNOTATION = "org.criu.checkpoint.container.name"
 
 
 def is_archive(image: str) -> bool:
@@ -48,19 +58,44 @@ def is_archive(image: str) -> bool:
     return image.startswith("/") and os.path.isfile(image)
 
 
+def checkpoint_image(parts: ContainerParts, image: str) -> ImageRecord | None:
+    """The local image ``image`` names, when it is a checkpoint image."""
+    try:
+        rec = parts.images.resolve_local(image)
+    except InvalidArgument:
+        return None
+    if rec is None or not rec.chain:
+        return None
+    for digest in dict.fromkeys((rec.target, rec.manifest)):
+        try:
+            doc = json.loads(parts.images.content.read(digest))
+        except (NotFound, ValueError):
+            continue
+        if isinstance(doc, dict) and CHECKPOINT_ANNOTATION in (doc.get("annotations") or {}):
+            return rec
+    return None
+
+
 @dataclass(frozen=True)
 class RestorePlan:
+    #: The archive's path, or the checkpoint image's name.
     archive: str
     #: The request's config on the checkpoint's base image.
     config: pb.ContainerConfig
     manifest: Manifest
+    #: A checkpoint image's top layer (its files are the archive's); "" for an archive.
+    image_chain: str = ""
 
 
 async def plan(parts: ContainerParts, config: pb.ContainerConfig,
-               sandbox: SandboxRecord) -> RestorePlan:
-    """Read the archive's metadata and make the container's config (before any side
-    effect: a refusal leaves nothing)."""
+               sandbox: SandboxRecord) -> RestorePlan | None:
+    """None when the config's image is no checkpoint; else read the archive's (or the
+    checkpoint image's) metadata and make the container's config, before any side
+    effect: a refusal leaves nothing."""
     archive = config.image.image
+    image = None if is_archive(archive) else checkpoint_image(parts, archive)
+    if image is None and not is_archive(archive):
+        return None
     why = parts.runtime.checkpoint_refusal(sandbox.runtime_handler)
     if why is not None:
         raise FailedPrecondition(f"cannot restore {archive} in pod sandbox {sandbox.id}: {why}")
@@ -71,7 +106,12 @@ async def plan(parts: ContainerParts, config: pb.ContainerConfig,
             "namespace, and restoring into one is not supported (CRIU runs the restore as "
             "the container's root, which cannot read the images, and runc 1.5.1 with "
             "CRIU 4.2 failed to remount /sys there)")
-    manifest = await asyncio.to_thread(read_manifest, archive)
+    chain = image.chain[-1] if image is not None else ""
+    if chain:
+        layers = parts.bundles.image_layers(chain)
+        manifest = await asyncio.to_thread(read_manifest_in_layers, layers, archive)
+    else:
+        manifest = await asyncio.to_thread(read_manifest, archive)
     dumped = manifest.config
     names = [str(dumped.get(k) or "") for k in ("rootfsImageRef", "rootfsImageName",
                                                  "rootfsImage")]
@@ -92,7 +132,7 @@ async def plan(parts: ContainerParts, config: pb.ContainerConfig,
     new.annotations[RESTORED] = "true"
     new.annotations[CHECKPOINTED_AT] = str(dumped.get("checkpointedTime") or "")
     new.annotations[CHECKPOINT_IMAGE] = archive
-    return RestorePlan(archive=archive, config=new, manifest=manifest)
+    return RestorePlan(archive=archive, config=new, manifest=manifest, image_chain=chain)
 
 
 def _present(parts: ContainerParts, ref: str) -> bool:
@@ -110,9 +150,12 @@ async def unpack_archive(parts: ContainerParts, cid: str, restore: RestorePlan) 
     def run(stop: Any) -> None:
         shutil.rmtree(dest, ignore_errors=True)
         os.makedirs(dest, mode=0o700)
-        unpack(restore.archive, dest, stop)
+        if not restore.image_chain:
+            unpack(restore.archive, dest, stop)
 
     await stoppable_thread(run)
+    if restore.image_chain:
+        await parts.bundles.copy_image(cid, restore.image_chain, dest)
     return dest
 
 
