@@ -23,6 +23,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core.containers.parts import ContainerParts, state_name
 from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from pycrid.faults import failpoint
 from pycrid.runtime.checkpoint_archive import (
     CHECKPOINT_DIR,
     ArchiveConfig,
@@ -112,10 +113,13 @@ async def _dump(parts: ContainerParts, rec: ContainerRecord, work: str) -> None:
     cid = rec.id
     await parts.runtime.pause(cid)
     try:
+        # Killed while it is frozen, recovery thaws it (containers/recover.py).
+        failpoint("container.frozen")
         await parts.runtime.checkpoint(
             cid, CheckpointPaths(images=os.path.join(work, CHECKPOINT_DIR), work=work))
         await parts.bundles.rootfs_diff(cid, work)
         await asyncio.to_thread(save_log, rec.log_path, work)
+        failpoint("container.dumped")
     except BaseException:
         try:
             await asyncio.shield(parts.runtime.resume(cid))

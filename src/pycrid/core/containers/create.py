@@ -130,7 +130,10 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
         undo.callback(parts.store.delete, cid)
         failpoint("container.record")
         undo.push_async_callback(cleanup, parts, cid)
-        diff = await restore.unpack_archive(parts, cid, plan) if plan is not None else ""
+        diff = ""
+        if plan is not None:
+            diff = await restore.unpack_archive(parts, cid, plan)
+            failpoint("restore.unpacked")
         built = await parts.bundles.build(ContainerBundleRequest(
             cid, config,
             ContainerPod(sandbox.id, pod_config, namespaces=parts.controller.namespaces(sandbox),
@@ -150,6 +153,7 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
             os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
         if plan is not None:
             await restore.restore_log(parts, cid, log_path)
+            failpoint("restore.logged")
             pid = 0
         else:
             pid = await parts.runtime.create(create_options(parts, rec, sandbox))

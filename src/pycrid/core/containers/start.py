@@ -45,8 +45,10 @@ async def _start_locked(parts: ContainerParts, cid: str) -> None:
         failpoint("container.start")
         await parts.nri.start_container(rec)
         if rec.restore:
+            failpoint("restore.restoring")
             pid = await parts.runtime.restore(create_options(parts, rec, sandbox),
                                               restore.images_of(parts, rec))
+            failpoint("restore.restored")
         else:
             await parts.runtime.start(rec.id)
     except Exception as e:
