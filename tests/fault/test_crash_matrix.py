@@ -266,8 +266,10 @@ class Scenario:
             assert d.client.status(self.layered).image.id
 
         def checkpoint() -> None:
-            # Recovery thawed it: it counts on, and a checkpoint goes through.
+            # Recovery thawed it and removed what the checkpoint had gathered: it counts
+            # on, and a checkpoint goes through.
             assert _runc_status(d, w.cid) == "running"
+            assert not os.path.exists(os.path.join(d.root, "containers", w.cid, "checkpoint"))
             before = _count(pods, w.cid)
             wait_for(lambda: _count(pods, w.cid) > before, 10, "the container to count on")
             _checkpoint(d, w.cid, self.archive)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 from collections.abc import Callable
 
 from pycrid.core import events
@@ -58,6 +60,7 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
         # killed in the middle of one. Thawed, as the checkpoint would have left it.
         log.warning("container %s: thawing it after an interrupted checkpoint", rec.id)
         await parts.runtime.resume(rec.id)
+    _drop_checkpoint_files(parts.paths.checkpoint(rec.id))
     if exit_ is None and status in (None, RuncStatus.STOPPED):
         # No status anywhere (runc forgot it, conmon died with it): containerd's
         # unknown exit code and reason.
@@ -72,3 +75,10 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
         parts.events.emit(events.STARTED, rec.id, rec.sandbox_id)
     if exit_ is not None:
         submit(exit_)
+
+
+def _drop_checkpoint_files(work: str) -> None:
+    """What an interrupted checkpoint gathered (memory pages among it). A stat when
+    there is none, the common case, so no worker thread for it."""
+    if os.path.isdir(work):
+        shutil.rmtree(work, ignore_errors=True)
