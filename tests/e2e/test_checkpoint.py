@@ -448,6 +448,32 @@ def test_restore_refusals(daemon: Daemon, pods: Pods, base: Path, clean: None) -
                 .containers if c.metadata.name == "r"]
 
 
+def test_failed_restore_is_a_start_error_that_leaves_nothing(
+        daemon: Daemon, pods: Pods, base: Path, clean: None) -> None:
+    """CRIU cannot restore (the processes' core images are gone): StartContainer fails with
+    CRIU's own reason, the container is EXITED with StartError (as a failed runc start
+    is), and its removal leaves nothing (the clean fixture checks)."""
+    _, cid, _ = _counter(pods, daemon, base, "broken-src")
+    archive = base / "broken-src.tar"
+    _checkpoint(daemon, cid, archive)
+    broken = base / "broken.tar"
+    with tarfile.open(archive) as tin, tarfile.open(broken, "w") as tout:
+        for m in tin.getmembers():
+            if not m.name.startswith("checkpoint/core-"):
+                tout.addfile(m, tin.extractfile(m) if m.isfile() else None)
+    _, rid = _restore(pods, base, broken, "broken")
+    with pytest.raises(grpc.RpcError) as e:
+        pods.start(rid)
+    assert e.value.code() == grpc.StatusCode.UNKNOWN
+    assert e.value.details().startswith(f"runc restore {rid} failed: ")
+    # A missing image reads as an empty one.
+    assert e.value.details().endswith("(CRIU: Unexpected EOF on (empty-image))")
+    status = pods.status(rid).status
+    assert (status.state, status.reason, status.exit_code) == (
+        pb.CONTAINER_EXITED, "StartError", 128)
+    pods.remove(rid)
+
+
 def _rewrite(src: Path, dst: Path, name: str, change: Any) -> None:
     """A copy of archive ``src`` with JSON member ``name`` changed."""
     with tarfile.open(src) as tin, tarfile.open(dst, "w") as tout:

@@ -75,14 +75,18 @@ async def run(argv: list[str], path_env: str) -> tuple[int, bytes]:
 _ERROR = re.compile(r"Error \([^)]*\):\s*(.*)")
 
 
-def criu_errors(log_path: str, limit: int = 3) -> str:
-    """The last ``Error`` lines of a CRIU log, without their source locations ("" when
-    the log is missing or says none)."""
+#: Error lines every failed run has, which say nothing of why: CRIU adjusting its own
+#: rlimit without CAP_SYS_RESOURCE, the summary, and its cgroup helper going away after.
+_NOISE = ("rlimit:", "Dumping FAILED", "Restoring FAILED", "cg: cgroupd:")
+
+
+def criu_errors(log_path: str, limit: int = 2) -> str:
+    """The first ``Error`` lines of a CRIU log (the first is the cause, the rest follow
+    from it), without their source locations; "" when the log is missing or says none."""
     try:
         with open(log_path, errors="replace") as f:
             found = [m.group(1).strip() for line in f if (m := _ERROR.search(line))]
     except OSError:
         return ""
-    # rlimit errors are CRIU adjusting itself without CAP_SYS_RESOURCE: noise.
-    found = [e for e in found if e and not e.startswith("rlimit:")]
-    return "; ".join(found[-limit:])
+    found = [e for e in found if e and not e.startswith(_NOISE)]
+    return "; ".join(found[:limit])

@@ -152,7 +152,8 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
         if log_path:
             os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
         if plan is not None:
-            await restore.restore_log(parts, cid, log_path)
+            if await restore.restore_log(parts, cid, log_path):
+                undo.callback(restore.forget_log, log_path)
             failpoint("restore.logged")
             pid = 0
         else:

@@ -23,6 +23,7 @@ start restores it (CRI-O's ``ContainerRestore`` at StartContainer, containerd 2.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -186,10 +187,16 @@ def check_compatible(restore: RestorePlan, spec: dict[str, Any]) -> None:
             "containers (namespace_options.pid POD), and the new pod must do the same")
 
 
-async def restore_log(parts: ContainerParts, cid: str, log_path: str) -> None:
+async def restore_log(parts: ContainerParts, cid: str, log_path: str) -> bool:
     """The log so far, from the archive, continued by the restored container's conmon
-    (which appends)."""
-    await asyncio.to_thread(copy_log, parts.paths.restore(cid), log_path)
+    (which appends); whether there was one."""
+    return await asyncio.to_thread(copy_log, parts.paths.restore(cid), log_path)
+
+
+def forget_log(log_path: str) -> None:
+    """Undo of ``restore_log`` (a create that fails after it made the log)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(log_path)
 
 
 def images_of(parts: ContainerParts, rec: ContainerRecord) -> str:
