@@ -31,8 +31,9 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.bench.cri import container_config, pod_config
 from tests.support import interop
+from tests.support.checkpoints import checkpoint_image, member
 from tests.support.daemon import Daemon, running_daemon
-from tests.support.images import TestImages, build_image, push
+from tests.support.images import TestImages
 from tests.support.pods import (
     Pods,
     busybox_daemon,
@@ -123,13 +124,6 @@ def _members(archive: Path) -> dict[str, tarfile.TarInfo]:
         return {m.name.rstrip("/"): m for m in tf.getmembers()}
 
 
-def _read(archive: Path, name: str) -> bytes:
-    with tarfile.open(archive) as tf:
-        f = tf.extractfile(name)
-        assert f is not None
-        return f.read()
-
-
 def _counts(log: str) -> list[int]:
     return [int(line.split()[1]) for line in log.splitlines() if line.startswith("count ")]
 
@@ -176,20 +170,20 @@ def test_checkpoint_archive_and_restore_in_a_new_pod(daemon: Daemon, pods: Pods,
                  "stats-dump", "rootfs-diff.tar", "deleted.files"):
         assert members[name].isfile(), name
     assert any(n.startswith("checkpoint/pages-") for n in members)
-    config = json.loads(_read(archive, "config.dump"))
+    config = json.loads(member(archive, "config.dump"))
     status = pods.status(cid).status
     assert (config["id"], config["rootfsImageName"], config["rootfsImageRef"]) == (
         cid, status.image.image, status.image_ref)
     assert config["name"].startswith("counter_source_pycrid-bench_")
     assert config["checkpointedTime"].endswith("Z") and config["restored"] is False
-    spec = json.loads(_read(archive, "spec.dump"))
+    spec = json.loads(member(archive, "spec.dump"))
     assert spec["annotations"]["io.kubernetes.cri.container-name"] == "counter"
     assert spec["annotations"]["io.kubernetes.cri.sandbox-name"] == "source"
-    dumped = json.loads(_read(archive, "status.dump"))
+    dumped = json.loads(member(archive, "status.dump"))
     assert (dumped["id"], dumped["state"], dumped["metadata"]) == (cid, 1, {"name": "counter"})
     assert isinstance(dumped["created_at"], int)  # Go's int64, not protobuf JSON's string
     pid = json.loads(pods.status(cid, verbose=True).info["info"])["pid"]
-    assert json.loads(_read(archive, "status"))["Pid"] == pid > 0
+    assert json.loads(member(archive, "status"))["Pid"] == pid > 0
     with tarfile.open(archive) as tf:
         diff = tf.extractfile("rootfs-diff.tar")
         assert diff is not None
@@ -197,9 +191,9 @@ def test_checkpoint_archive_and_restore_in_a_new_pod(daemon: Daemon, pods: Pods,
             changed = set(inner.getnames())
     assert {"written", "tmp/count", "home", "home/new"} <= changed
     assert not any(n.rsplit("/", 1)[-1].startswith(".wh.") for n in changed)
-    assert json.loads(_read(archive, "deleted.files")) == ["/home/app", "/var/tmp"]
+    assert json.loads(member(archive, "deleted.files")) == ["/home/app", "/var/tmp"]
     checkpointed = _counts("\n".join(line.split(" ", 3)[3] for line in
-                                      _read(archive, "container.log").decode().splitlines()))
+                                      member(archive, "container.log").decode().splitlines()))
     assert checkpointed, "the log so far is in the archive"
     assert not (base / "root" / "containers" / cid / "checkpoint").exists()
 
@@ -254,21 +248,6 @@ def test_restore_into_a_pod_sharing_its_pid_namespace(daemon: Daemon, pods: Pods
     pods.start(rid)
     first = _count(pods, rid)
     wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
-
-
-def checkpoint_image(registry: LocalRegistry, archive: Path, repo: str) -> str:
-    """The archive as a one-layer OCI image with checkpointctl's annotations (what
-    ``checkpointctl build`` makes with buildah), pushed; its reference."""
-    config = json.loads(_read(archive, "config.dump"))
-    spec = json.loads(_read(archive, "spec.dump"))
-    build = build_image([archive.read_bytes()], annotations={
-        "org.criu.checkpoint.engine.name": "containerd",
-        "org.criu.checkpoint.container.name":
-            spec["annotations"]["io.kubernetes.cri.container-name"],
-        "org.criu.checkpoint.rootfsImageName": config["rootfsImageName"],
-        "org.criu.checkpoint.rootfsImageID": config["rootfsImageRef"]})
-    push(registry, repo, "1", build)
-    return f"{registry.host}/{repo}:1"
 
 
 def test_restore_from_a_checkpoint_image(daemon: Daemon, pods: Pods, base: Path,

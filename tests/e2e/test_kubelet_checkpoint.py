@@ -25,9 +25,9 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.e2e.test_checkpoint import checkpoint_image
 from tests.e2e.test_kubelet import remove_pods
 from tests.support import interop
+from tests.support.checkpoints import checkpoint_image
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.kubelet import running_kubelet
