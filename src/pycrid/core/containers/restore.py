@@ -94,8 +94,9 @@ async def plan(parts: ContainerParts, config: pb.ContainerConfig,
     checkpoint image's) metadata and make the container's config, before any side
     effect: a refusal leaves nothing."""
     archive = config.image.image
-    image = None if is_archive(archive) else checkpoint_image(parts, archive)
-    if image is None and not is_archive(archive):
+    from_file = is_archive(archive)
+    image = None if from_file else checkpoint_image(parts, archive)
+    if image is None and not from_file:
         return None
     why = parts.runtime.checkpoint_refusal(sandbox.runtime_handler)
     if why is not None:
