@@ -110,8 +110,12 @@ def _counter(pods: Pods, daemon: Daemon, base: Path, name: str, *,
 
 
 def _count(pods: Pods, cid: str) -> int:
-    r = pods.exec(cid, ["cat", "/tmp/count"], timeout=10)
-    return int(r.stdout or 0) if r.exit_code == 0 else 0
+    """The counter's last count (its file is empty for the instant between the shell's
+    truncation and its write: read again then)."""
+    def read() -> int:
+        r = pods.exec(cid, ["cat", "/tmp/count"], timeout=10)
+        return int(r.stdout) if r.exit_code == 0 and r.stdout.strip() else 0
+    return int(wait_for(read, 10, f"a count from {cid}"))
 
 
 def _checkpoint(daemon: Daemon, cid: str, location: Path, timeout: int = 0) -> None:
