@@ -159,14 +159,14 @@ async def _init_host_facts(ctx: InitContext) -> Any:
     from pycrid.runtime.handlers import default_runc
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
-    return await probe(default_runc(config), ALL_CAPABILITIES)
+    return await probe(default_runc(config), ALL_CAPABILITIES, config.criu_path)
 
 
 async def _init_runc(ctx: InitContext) -> Any:
     # One runc (root, binary) per runtime handler, routed by object id.
     import dataclasses
 
-    from pycrid.runtime.conmon import ConmonRuntime
+    from pycrid.runtime.conmon import ConmonRuntime, find_binary
     from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
     from pycrid.stats.cgroup_hierarchy import hierarchy_of
 
@@ -174,15 +174,18 @@ async def _init_runc(ctx: InitContext) -> Any:
     state = ctx.properties["state"]
     handlers = load_handlers(config, state)
     runtimes: dict[str, ConmonRuntime] = {}
-    cgroups = hierarchy_of(ctx.get_by_id(HOST, "facts").cgroup_mounts)
+    facts = ctx.get_by_id(HOST, "facts")
+    cgroups = hierarchy_of(facts.cgroup_mounts)
     owner = _owner(ctx, "conmon monitors")
     for name, spec in handlers.items():
-        runtimes[name] = ConmonRuntime(state_dir=state, runc=spec.runc_binary,
+        runc = find_binary(spec.runc_binary, "runc", "runtime_path")
+        features = await probe_features(runc)
+        runtimes[name] = ConmonRuntime(state_dir=state, runc=runc,
                                        conmon=config.conmon_path, runc_root=spec.runc_root,
                                        systemd_cgroup=config.cgroup_driver == "systemd",
-                                       cgroups=cgroups, owner=owner)
-        handlers[name] = dataclasses.replace(
-            spec, features=await probe_features(runtimes[name].runc))
+                                       cgroups=cgroups, owner=owner, criu=facts.criu,
+                                       runc_checkpoints=features.checkpoint)
+        handlers[name] = dataclasses.replace(spec, features=features)
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)
 
 

@@ -109,7 +109,8 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
         store=ctr_store, sandboxes=sandboxes, controller=controller, runtime=runtime,
         bundles=bundles, images=images, paths=paths, locks=locks, nri=nri, events=events,
         resource_policy=resource_policy, anchors=anchors,
-        operations=Operations(inputs.owner.child("operations")))
+        operations=Operations(inputs.owner.child("operations")),
+        default_handler=runtime_config.default_runtime_name)
     network = PodNetworks(runtime_config.cni, runtime_config.runtimes,
                           runtime_config.default_runtime_name, os.path.join(root, "cni"),
                           owner=inputs.owner.child("CNI conf dirs"))

@@ -144,6 +144,7 @@ def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
            "containers": info.get("containers") or {}, "images": info.get("images") or {},
            "nri": nri, "network": _network(info.get("cniconfig") or {}),
            "runtime_handlers": report.handlers,
+           "checkpoint": info.get("checkpoint") or {},
            "warnings": info.get("warnings") or []}
     if as_json:
         json.dump(doc, out, sort_keys=True)
@@ -221,9 +222,23 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
             if p.get("last_error"):
                 text += f"; last error: {p['last_error']}"
             rows.append((f"  {p['index']}-{p['name']}", text))
+    if doc["checkpoint"]:
+        rows.append(("Checkpoint", _checkpoint(doc["checkpoint"])))
     for w in doc["warnings"]:
         rows.append(("Warning", w))
     return rows
+
+
+def _checkpoint(cp: dict[str, Any]) -> str:
+    """Whether CheckpointContainer works, with which CRIU, for which handlers; else why."""
+    if cp.get("criu_error"):
+        return f"not possible: {cp['criu_error']}"
+    handlers = cp.get("handlers") or {}
+    able = [n for n, why in handlers.items() if not why]
+    text = f"CRIU {cp.get('criu_version', '')} ({cp.get('criu', '')}); "
+    text += f"handlers {', '.join(able)}" if able else "no handler can"
+    refused = [f"{n}: {why}" for n, why in handlers.items() if why]
+    return text + (f"; not {'; '.join(refused)}" if refused else "")
 
 
 def _print_rows(out: TextIO, rows: list[tuple[str, str]]) -> None:

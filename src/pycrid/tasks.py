@@ -4,14 +4,17 @@ every owner belongs to another, up to the daemon's, so stopping the daemon stops
 This is trio's nursery made to fit long-lived services: tasks are spawned from anywhere
 (a callback, a sync method) and live until they finish or the owner closes. A task that
 fails is logged with its name, never lost. ``race`` is the other shape we need: run a few
-awaitables, keep the first to finish, cancel the others.
+awaitables, keep the first to finish, cancel the others; ``stoppable_thread`` runs file
+work in a thread that a cancel stops and waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Coroutine
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -113,3 +116,18 @@ async def race(*contenders: Awaitable[T]) -> T:
         await asyncio.gather(*tasks, return_exceptions=True)
     winner = next(t for t in tasks if t in done)
     return winner.result()
+
+
+async def stoppable_thread(fn: Callable[[threading.Event], T]) -> T:
+    """``fn(stop)`` in a worker thread. A thread cannot be cancelled: when the caller is,
+    ``stop`` is set and the thread waited for (``fn`` checks it between steps and gives
+    up), so nothing it writes outlives the caller's cleanup."""
+    stop = threading.Event()
+    work = asyncio.ensure_future(asyncio.to_thread(fn, stop))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await work
+        raise

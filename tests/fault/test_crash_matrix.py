@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +69,18 @@ MATRIX: dict[str, list[str]] = {
     "StopPodSandbox": ["sandbox.stop", "sandbox.stopped", "sandbox.detached"],
     "RemovePodSandbox": ["sandbox.remove", "sandbox.shutdown"],
     "PullImage": ["pull.manifest", "pull.downloaded", "pull.unpacking", "pull.unpacked"],
+    # With the interop CRIU (skipped without it): frozen before and after the dump; a
+    # container created from a checkpoint archive, and its start, which restores it.
+    "CheckpointContainer": ["container.frozen", "container.dumped"],
+    # (The steps a restore shares with any create or start are CreateContainer's and
+    # StartContainer's above; these are its own.)
+    "RestoreCreate": ["restore.unpacked", "restore.logged"],
+    "RestoreStart": ["restore.restoring", "restore.restored"],
 }
+CRIU_OPS = ("CheckpointContainer", "RestoreCreate", "RestoreStart")
+#: Writes a file, then counts in memory (what a checkpoint has to carry).
+COUNTER = ["sh", "-c", "echo data > /written; i=0; "
+           "while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done"]
 #: The same for a pod without a pause process (drop_infra_ctr): its own steps where the
 #: pause's would be.
 PINNED: dict[str, list[str]] = {
@@ -112,6 +124,8 @@ class World:
     pod: Any = None
     sid: str = ""
     cid: str = ""
+    #: A container created from a checkpoint archive (RestoreStart).
+    rid: str = ""
     pods: dict[str, int] = field(default_factory=dict)
     containers: dict[str, int] = field(default_factory=dict)
     images: list[str] = field(default_factory=list)
@@ -119,12 +133,14 @@ class World:
 
 class Scenario:
     def __init__(self, op: str, point: str, registry: LocalRegistry,
-                 images: TestImages, kind: str = "pause") -> None:
+                 images: TestImages, kind: str = "pause", archive: Path | None = None) -> None:
         self.op, self.point = op, point
         self.pinned, self.userns = kind.endswith("pinned"), kind.startswith("userns")
         self.registry, self.images = registry, images
         self.busybox = images.busybox.ref(registry)
         self.layered = images.layered.ref(registry)
+        #: Where CheckpointContainer writes (the checkpoint and restore cases).
+        self.archive = archive or Path("/nonexistent")
 
     def _namespaces(self, opts: Any) -> None:
         opts.pid = pb.CONTAINER if self.pinned else pb.POD
@@ -144,7 +160,13 @@ class Scenario:
         self._namespaces(cfg.linux.security_context.namespace_options)
         return cfg
 
+    def restored(self) -> Any:
+        """A container made from the checkpoint archive (its image is the archive's path)."""
+        return container_config(str(self.archive), "restored")
+
     def _sleeper(self, name: str) -> Any:
+        if self.op in CRIU_OPS:
+            return container_config(self.busybox, name, command=COUNTER)
         if self.op == "StopContainer":
             # Ignores SIGTERM, so the daemon dies inside the grace period and the retried
             # stop has to SIGKILL.
@@ -186,6 +208,17 @@ class Scenario:
         if self.op == "RemoveContainer":
             pods.stop(w.cid)
             w.containers[w.cid] = pb.CONTAINER_EXITED
+        if self.op in ("RestoreCreate", "RestoreStart"):
+            # Checkpointed, then stopped: its restore comes back in the same pod (whose
+            # PID namespace the pause holds) with the same pids.
+            wait_for(lambda: pods.exec(w.cid, ["test", "-e", "/tmp/count"]).exit_code == 0,
+                     10, "the counter to count")
+            _checkpoint(d, w.cid, self.archive)
+            pods.stop(w.cid)
+            w.containers[w.cid] = pb.CONTAINER_EXITED
+        if self.op == "RestoreStart":
+            w.rid = pods.create(w.sid, self.restored(), w.pod)
+            w.containers[w.rid] = pb.CONTAINER_CREATED
         return w
 
     def call(self, pods: Pods, d: Daemon, w: World) -> None:
@@ -198,6 +231,9 @@ class Scenario:
             "StopPodSandbox": lambda: pods.stop_pod(w.sid),
             "RemovePodSandbox": lambda: pods.remove_pod(w.sid),
             "PullImage": lambda: d.client.pull(self.layered),
+            "CheckpointContainer": lambda: _checkpoint(d, w.cid, self.archive),
+            "RestoreCreate": lambda: pods.create(w.sid, self.restored(), w.pod),
+            "RestoreStart": lambda: pods.start(w.rid),
         }
         ops[self.op]()
 
@@ -207,6 +243,8 @@ class Scenario:
         """What the truth is after the crash at this point."""
         if self.op == "StartContainer" and self.point == "container.started":
             w.containers[w.cid] = pb.CONTAINER_RUNNING  # runc start ran: the start is finished
+        elif self.op == "RestoreStart" and self.point == "restore.restored":
+            w.containers[w.rid] = pb.CONTAINER_RUNNING  # runc restore ran: so did the start
         elif self.op == "StopContainer" and self.point == "container.killed":
             w.containers[w.cid] = pb.CONTAINER_EXITED  # SIGKILLed while nobody watched
         elif self.op == "RemoveContainer":
@@ -262,21 +300,66 @@ class Scenario:
             d.client.pull(self.layered)
             assert d.client.status(self.layered).image.id
 
+        def checkpoint() -> None:
+            # Recovery thawed it and removed what the checkpoint had gathered: it counts
+            # on, and a checkpoint goes through.
+            assert _runc_status(d, w.cid) == "running"
+            assert not os.path.exists(os.path.join(d.root, "containers", w.cid, "checkpoint"))
+            before = _count(pods, w.cid)
+            wait_for(lambda: _count(pods, w.cid) > before, 10, "the container to count on")
+            _checkpoint(d, w.cid, self.archive)
+            assert self.archive.is_file()
+
+        def restore_create() -> None:
+            rid = pods.create(w.sid, self.restored(), w.pod)
+            pods.start(rid)
+            assert pods.exec(rid, ["cat", "/written"]).stdout == b"data\n"
+
+        def restore_start() -> None:
+            if pods.status(w.rid).status.state == pb.CONTAINER_CREATED:
+                pods.start(w.rid)
+            first = _count(pods, w.rid)
+            wait_for(lambda: _count(pods, w.rid) > first, 10, "the restored one to count on")
+            assert json.loads(pods.status(w.rid, verbose=True).info["info"])["pid"] > 0
+
         return {"RunPodSandbox": run_pod, "CreateContainer": create, "StartContainer": start,
                 "StopContainer": stop, "RemoveContainer": remove, "StopPodSandbox": stop_pod,
-                "RemovePodSandbox": remove_pod, "PullImage": pull}[self.op]
+                "RemovePodSandbox": remove_pod, "PullImage": pull,
+                "CheckpointContainer": checkpoint, "RestoreCreate": restore_create,
+                "RestoreStart": restore_start}[self.op]
+
+
+def _checkpoint(d: Daemon, cid: str, location: Path) -> None:
+    d.client.runtime.CheckpointContainer(pb.CheckpointContainerRequest(
+        container_id=cid, location=str(location)), timeout=120)
+
+
+def _count(pods: Pods, cid: str) -> int:
+    r = pods.exec(cid, ["cat", "/tmp/count"], timeout=10)
+    return int(r.stdout or 0) if r.exit_code == 0 else 0
+
+
+def _runc_status(d: Daemon, cid: str) -> str:
+    out = subprocess.run(["runc", f"--root={d.state}/runc", "state", cid],
+                         capture_output=True, check=True).stdout
+    return str(json.loads(out)["status"])
 
 
 def _start(base: Path, registry: LocalRegistry, images: TestImages,
-           failpoints: str = "", state: str | None = None
+           failpoints: str = "", state: str | None = None, criu: Path | None = None
            ) -> contextlib.AbstractContextManager[Daemon]:
     """The daemon of a case; with ``state`` (user-namespace pods), the interop runc and
-    that state directory, which the pods' mapped root can pass through."""
+    that state directory, which the pods' mapped root can pass through; with ``criu``,
+    that CRIU."""
     env = {"PYCRID_FAILPOINTS": failpoints} if failpoints else None
     config = daemon_config(registry, images, base)
+    runtime = []
     if state is not None:
-        config += ('[plugins."pycrid.cri.v1.runtime"]\n'
-                   f'runtime_path = "{interop.idmap_runc()}"\n')
+        runtime.append(f'runtime_path = "{interop.idmap_runc()}"')
+    if criu is not None:
+        runtime.append(f'criu_path = "{criu}"')
+    if runtime:
+        config += '[plugins."pycrid.cri.v1.runtime"]\n' + "\n".join(runtime) + "\n"
     return running_daemon(str(base), config, env=env, state_dir=state)
 
 
@@ -336,18 +419,19 @@ def strays(d: Daemon, pods: set[str], containers: set[str]) -> list[str]:
                          ids=[f"{o}-{p}" + ("" if k == "pause" else f"-{k}") for o, p, k in CASES])
 def test_kill_at_every_step(op: str, point: str, kind: str, tmp_path: Path,
                             registry: LocalRegistry, test_images: TestImages) -> None:
-    s = Scenario(op, point, registry, test_images, kind)
+    criu = interop.require("criu") if op in CRIU_OPS else None
+    s = Scenario(op, point, registry, test_images, kind, archive=tmp_path / "ckpt.tar")
     if s.userns:
         interop.idmap_runc()
     with contextlib.ExitStack() as stack:
         state = stack.enter_context(mapped_root_state()) if s.userns else None
-        _crash_and_recover(s, tmp_path, registry, test_images, state)
+        _crash_and_recover(s, tmp_path, registry, test_images, state, criu)
 
 
 def _crash_and_recover(s: Scenario, tmp_path: Path, registry: LocalRegistry,
-                       test_images: TestImages, state: str | None) -> None:
+                       test_images: TestImages, state: str | None, criu: Path | None) -> None:
     op, point = s.op, s.point
-    with _start(tmp_path, registry, test_images, f"{point}:kill", state) as d:
+    with _start(tmp_path, registry, test_images, f"{point}:kill", state, criu) as d:
         pods = Pods(d.client)
         world = s.prepare(d, pods)
         with pytest.raises(grpc.RpcError) as e:
@@ -357,7 +441,7 @@ def _crash_and_recover(s: Scenario, tmp_path: Path, registry: LocalRegistry,
         assert d.proc.returncode == -signal.SIGKILL, f"the daemon did not die at {point}"
     world = s.expected(world)
     offset = os.path.getsize(tmp_path / "pycrid.log")
-    with _start(tmp_path, registry, test_images, state=state) as d:
+    with _start(tmp_path, registry, test_images, state=state, criu=criu) as d:
         pods = Pods(d.client)
         try:
             assert _listed(pods) == (world.pods, world.containers)

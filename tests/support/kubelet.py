@@ -186,6 +186,15 @@ class Kubelet:
                                     timeout=timeout) as r:
             return bytes(r.read())
 
+    def post(self, path: str, timeout: float = 120) -> bytes:
+        """POST (no body) on the kubelet's HTTPS port, e.g. its checkpoint endpoint."""
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        req = urllib.request.Request(f"https://127.0.0.1:{self.port}{path}", method="POST")
+        with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:
+            return bytes(r.read())
+
     def summary(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads(self.get("/stats/summary"))
         return doc

@@ -224,6 +224,11 @@ class RuntimeConfig:
     runtime_path: str = cfg("", "The runc binary (empty: search PATH and /usr/sbin).")
     conmon_path: str = cfg("", "The conmon binary that watches each container\n"
                            "(empty: search PATH).")
+    criu_path: str = cfg(
+        "", "The CRIU binary runc checkpoints and restores containers with (empty: criu\n"
+        "on the search path). Checked once at start with `criu check`; Status says\n"
+        "whether checkpointing works. Kernels newer than a distribution's CRIU need a\n"
+        "newer CRIU (Debian 12's 3.17 fails its check on kernel 6.x).", _abs_or_empty)
     default_runtime_name: str = cfg("runc", "The handler of pods that name none (one of runtimes).")
     runtimes: dict[str, RuntimeHandlerConfig] = cfg(
         {"runc": RuntimeHandlerConfig()}, "Runtime handlers by name (RunPodSandbox's\n"

@@ -30,7 +30,7 @@ from pycrid.core.pods import pause_exit
 from pycrid.core.pods.pod_parts import PodParts
 from pycrid.core.pods.recover import check_networks, recover_pods
 from pycrid.core.stats_queries import StatsService
-from pycrid.core.status_info import DaemonInfo, ImageInfo, NRIInfo, StatusInfo
+from pycrid.core.status_info import CheckpointInfo, DaemonInfo, ImageInfo, NRIInfo, StatusInfo
 from pycrid.events.monitor import ExitMonitor
 from pycrid.host.facts import HostFacts
 from pycrid.images.image_service import ImageService
@@ -228,7 +228,15 @@ class CRIService:
             host_security=self.host.security,
             # Counts by CRI state and the NRI plugins, for `pycrid status` / `nri plugins`.
             pods=self.pod_counts(), containers=self.container_counts(),
-            nri=self._nri_info(), daemon=self._daemon_info(), images=self._image_info())
+            nri=self._nri_info(), daemon=self._daemon_info(), images=self._image_info(),
+            checkpoint=self._checkpoint_info())
+
+    def _checkpoint_info(self) -> CheckpointInfo:
+        criu = self.host.criu
+        return CheckpointInfo(
+            criu=criu.path, criu_version=criu.version, criu_error=criu.error,
+            handlers={name: self.runtime.checkpoint_refusal(name) or ""
+                      for name in sorted(self.handlers)})
 
     def _daemon_info(self) -> DaemonInfo:
         cfg = self.config

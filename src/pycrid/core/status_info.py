@@ -44,6 +44,18 @@ class NRIInfo:
 
 
 @dataclass(frozen=True)
+class CheckpointInfo:
+    """Whether CheckpointContainer (and restore) works here, and why not."""
+
+    #: The CRIU checked at start, its version, and why it does not work ("": it does).
+    criu: str
+    criu_version: str
+    criu_error: str
+    #: By runtime handler: "" when its containers can be checkpointed, else why not.
+    handlers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class StatusInfo:
     #: The effective config.
     config: Config
@@ -59,3 +71,4 @@ class StatusInfo:
     nri: NRIInfo
     daemon: DaemonInfo
     images: ImageInfo
+    checkpoint: CheckpointInfo

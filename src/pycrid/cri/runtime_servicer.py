@@ -9,6 +9,7 @@ from typing import cast
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf.message import Message
 
+from pycrid.core.containers.checkpoint import checkpoint_container
 from pycrid.core.containers.create import create_container
 from pycrid.core.containers.exec import exec_sync
 from pycrid.core.containers.remove import remove_container
@@ -28,11 +29,13 @@ from pycrid.cri import record_messages as convert
 from pycrid.cri import stats_messages as stats_pb
 from pycrid.cri.handler_types import Context
 from pycrid.cri.status_json import status_info_map
+from pycrid.cri_fields import go_json
 from pycrid.streaming.server import StreamServer
 
 
 class RuntimeServicer:
-    """The RuntimeService methods pycrid implements; the rest answer UNIMPLEMENTED."""
+    """The RuntimeService methods (all of them; one that is missing would answer
+    UNIMPLEMENTED)."""
 
     def __init__(self, core: CRIService, streams: ContainerStreams,
                  stream_server: StreamServer) -> None:
@@ -231,6 +234,15 @@ class RuntimeServicer:
     ) -> pb.ReopenContainerLogResponse:
         await reopen_log(self.core.containers, request.container_id)
         return pb.ReopenContainerLogResponse()
+
+    async def CheckpointContainer(
+        self, request: pb.CheckpointContainerRequest,
+        context: Context[pb.CheckpointContainerRequest, pb.CheckpointContainerResponse],
+    ) -> pb.CheckpointContainerResponse:
+        await checkpoint_container(
+            self.core.containers, request.container_id, request.location, request.timeout,
+            lambda rec: go_json(convert.container_status_pb(rec)))
+        return pb.CheckpointContainerResponse()
 
     # ---- stats and metrics (answered from the sampler's memory) ---------------------------
 

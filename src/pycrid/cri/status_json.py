@@ -32,6 +32,7 @@ def status_info_map(info: StatusInfo, streaming_url: str) -> dict[str, str]:
         "nri": json.dumps(_jsonable(info.nri)),
         "daemon": json.dumps(_jsonable(info.daemon)),
         "images": json.dumps(_jsonable(info.images)),
+        "checkpoint": json.dumps(_jsonable(info.checkpoint)),
         "streaming": json.dumps(streaming),
     }
 

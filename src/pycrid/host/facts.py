@@ -15,8 +15,9 @@ import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pycrid.host import cgroups, mountinfo
+from pycrid.host import cgroups, criu, mountinfo
 from pycrid.host.cgroups import CgroupHost
+from pycrid.host.criu import CriuSupport
 from pycrid.host.mountinfo import MountEntry
 
 RuncVersion = tuple[int, int, int]
@@ -73,6 +74,8 @@ class HostFacts:
     """resctrl is mounted (Intel RDT / AMD PQoS usable)."""
     rlimit_hard: Mapping[str, int] = field(default_factory=dict)
     """The daemon's hard limits by OCI name: a container cannot be given more."""
+    criu: CriuSupport = CriuSupport()
+    """The CRIU runc checkpoints and restores with, and whether it works here."""
 
 
 def _read(path: str) -> str:
@@ -144,14 +147,16 @@ async def runc_version(runc: str) -> RuncVersion:
     return parse_runc_version(out.decode(errors="replace"))
 
 
-async def probe(runc: str, capability_names: tuple[str, ...]) -> HostFacts:
-    """Every fact of this node, once: runc is asked without blocking the loop, the files
-    are read in a worker thread."""
-    version = await runc_version(runc)
-    return await asyncio.to_thread(read_facts, version, capability_names)
+async def probe(runc: str, capability_names: tuple[str, ...], criu_path: str = "") -> HostFacts:
+    """Every fact of this node, once: runc and CRIU (``criu_path``, else ``criu`` on the
+    search path) are asked at the same time without blocking the loop, the files are read
+    in a worker thread."""
+    version, criu_support = await asyncio.gather(runc_version(runc), criu.probe(criu_path))
+    return await asyncio.to_thread(read_facts, version, capability_names, criu_support)
 
 
-def read_facts(version: RuncVersion, capability_names: tuple[str, ...]) -> HostFacts:
+def read_facts(version: RuncVersion, capability_names: tuple[str, ...],
+               criu_support: CriuSupport | None = None) -> HostFacts:
     """The facts that come from files (blocking)."""
     status = _read("/proc/self/status")
     security = HostSecurity(
@@ -168,4 +173,5 @@ def read_facts(version: RuncVersion, capability_names: tuple[str, ...]) -> HostF
         runc_version=version,
         rdt=os.path.exists("/sys/fs/resctrl/schemata"),
         rlimit_hard=rlimit_hard(),
+        criu=criu_support or CriuSupport(),
     )

@@ -10,10 +10,11 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pycrid.errors import FailedPrecondition, NotFound
+from pycrid.errors import FailedPrecondition, InvalidArgument, NotFound
 from pycrid.host import space
 from pycrid.host.mounts import mount, mounts_under, unmount
 from pycrid.host.userns import open_to_mapped_root
@@ -37,16 +38,32 @@ class ContainerPaths:
     def volumes(self, cid: str) -> str:
         return os.path.join(self.root_dir, "containers", cid)
 
+    def checkpoint(self, cid: str) -> str:
+        """Where a checkpoint is gathered before it is archived (on disk, beside the
+        container's other files, removed with them; containerd's ``ctrd-checkpoint``)."""
+        return os.path.join(self.volumes(cid), "checkpoint")
+
+    def restore(self, cid: str) -> str:
+        """Where a restored container's archive is unpacked until StartContainer restores
+        it (containerd's ``ctrd-restore``)."""
+        return os.path.join(self.volumes(cid), "restore")
+
 
 def rootfs_of(bundle: str) -> str:
     return os.path.join(bundle, "rootfs")
 
 
 def prepare_rootfs(snapshotter: Snapshotter, key: str, parent: str | None,
-                   bundle: str, mapping: RootfsMapping | None = None) -> str:
+                   bundle: str, mapping: RootfsMapping | None = None,
+                   fill: Callable[[], None] | None = None) -> str:
     """A writable snapshot of ``parent`` named ``key``, mounted at ``<bundle>/rootfs``;
     with ``mapping``, as a pod in a user namespace sees it (runtime/mapped_rootfs.py),
-    the bundle open to the pod's root."""
+    the bundle open to the pod's root. ``fill`` writes into its upper directory first
+    (overlayfs must not see its layers change while mounted); a restore, which is
+    refused for pods in a user namespace, is its one user."""
+    if mapping is not None and fill is not None:
+        raise InvalidArgument("a container of a pod in a user namespace cannot be restored "
+                              "from a checkpoint")
     os.makedirs(bundle, mode=0o700, exist_ok=True)
     target = rootfs_of(bundle)
     os.makedirs(target, mode=0o755, exist_ok=True)
@@ -58,6 +75,8 @@ def prepare_rootfs(snapshotter: Snapshotter, key: str, parent: str | None,
         return target
     mounts = snapshotter.prepare(key, parent, labels=labels)
     try:
+        if fill is not None:
+            fill()
         for m in mounts:
             mount(m, target)
     except BaseException:

@@ -30,9 +30,16 @@ from typing import Any
 
 from pycrid import inotify
 from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, Unknown
-from pycrid.runtime import interactive
+from pycrid.host.criu import CriuSupport
+from pycrid.runtime import interactive, runc_checkpoint
 from pycrid.runtime.exits import Exit, read_exit, write_exit
-from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
+from pycrid.runtime.interface import (
+    CheckpointPaths,
+    ContainerRuntime,
+    CreateOptions,
+    ExecResult,
+    RuncState,
+)
 from pycrid.runtime.monitors import MonitorWatch
 from pycrid.runtime.signals import signal_init
 from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills
@@ -74,7 +81,8 @@ def find_binary(configured: str, name: str, key: str = "") -> str:
 class ConmonRuntime(ContainerRuntime):
     def __init__(self, *, state_dir: str, runc: str = "", conmon: str = "",
                  systemd_cgroup: bool = False, runc_root: str = "",
-                 cgroups: Hierarchy | None = None, owner: Owner | None = None) -> None:
+                 cgroups: Hierarchy | None = None, owner: Owner | None = None,
+                 criu: CriuSupport | None = None, runc_checkpoints: bool = False) -> None:
         self.runc = find_binary(runc, "runc", "runtime_path")
         self.conmon = find_binary(conmon, "conmon", "conmon_path")
         self.runc_root = runc_root or os.path.join(state_dir, "runc")
@@ -89,6 +97,13 @@ class ConmonRuntime(ContainerRuntime):
         #: Owns the handling of dead monitors (``monitor_lost`` in the background).
         self._owner = owner if owner is not None else Owner("conmon monitors")
         self._lost: dict[str, asyncio.Task[Exit | None]] = {}
+        #: The host's CRIU (checked at start) and whether this runc says it can use it
+        #: (``runc features``: org.opencontainers.runc.checkpoint.enabled).
+        self.criu = criu if criu is not None else CriuSupport()
+        self.runc_checkpoints = runc_checkpoints
+        #: PATH for runc and conmon when they run CRIU (runc_checkpoint.py says why).
+        self.criu_path_env = runc_checkpoint.search_path(
+            runc_checkpoint.criu_path_dir(state_dir, self.criu))
 
     def close(self) -> None:
         """Stop watching (the conmons go on; a restart watches them again)."""
@@ -165,6 +180,11 @@ class ConmonRuntime(ContainerRuntime):
     # ---- create through conmon ---------------------------------------------------------
 
     async def create(self, opts: CreateOptions) -> int:
+        return await self._spawn(opts, restore="")
+
+    async def _spawn(self, opts: CreateOptions, *, restore: str) -> int:
+        """conmon runs ``runc create``, or with ``restore`` (CRIU images) ``runc restore``
+        (CRI-O's RestoreContainer: conmon's ``--restore``)."""
         bundle = opts.bundle
         argv = [
             self.conmon, "--bundle", bundle, "--cid", opts.id, "--cuuid", opts.id,
@@ -184,9 +204,12 @@ class ConmonRuntime(ContainerRuntime):
             argv.append("--stdin")
             if not opts.stdin_once:
                 argv.append("--leave-stdin-open")
+        if restore:
+            argv += ["--restore", restore]
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         try:
-            env = {"PATH": _SEARCH_PATH, "_OCI_SYNCPIPE": str(wfd)}
+            env = {"PATH": self.criu_path_env if restore else _SEARCH_PATH,
+                   "_OCI_SYNCPIPE": str(wfd)}
             proc = await asyncio.create_subprocess_exec(
                 *argv, pass_fds=(wfd,), env=env, cwd=bundle, start_new_session=True,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
@@ -206,13 +229,18 @@ class ConmonRuntime(ContainerRuntime):
             stderr = b""
             with contextlib.suppress(Exception):
                 _, stderr = await proc.communicate()
+        what = "restore" if restore else "create"
         if message is None:
             text = stderr.decode(errors="replace").strip() or f"exit status {proc.returncode}"
-            raise Unknown(f"conmon failed to create container {opts.id}: {text}")
+            raise Unknown(f"conmon failed to {what} container {opts.id}: {text}")
         pid = int(message.get("pid", -1))
         if pid <= 0:
-            raise Unknown(f"runc create {opts.id} failed: "
-                          f"{_runc_message(str(message.get('message', '')).encode())}")
+            text = _runc_message(str(message.get("message", "")).encode())
+            if restore:  # CRIU's own reason is in its log, in the bundle (work path)
+                why = runc_checkpoint.criu_errors(
+                    os.path.join(bundle, runc_checkpoint.RESTORE_LOG))
+                text += f" (CRIU: {why})" if why else ""
+            raise Unknown(f"runc {what} {opts.id} failed: {text}")
         if not self.monitors.watch(opts.id, bundle):
             log.warning("conmon of %s is gone right after creating it", opts.id)
             await self.monitor_lost(opts.id, bundle)
@@ -264,6 +292,37 @@ class ConmonRuntime(ContainerRuntime):
         with contextlib.suppress(OSError, ValueError):
             with open(os.path.join(bundle, "conmon.pid")) as f:
                 os.kill(int(f.read().strip()), signal.SIGKILL)
+
+    # ---- checkpoint and restore ------------------------------------------------------
+
+    def checkpoint_refusal(self, runtime_handler: str) -> str | None:
+        if not self.runc_checkpoints:
+            return (f"its runtime {self.runc} cannot checkpoint containers (`runc features` "
+                    "does not say org.opencontainers.runc.checkpoint.enabled)")
+        return None if self.criu.works else self.criu.error
+
+    async def pause(self, object_id: str) -> None:
+        rc, _, err = await self._runc("pause", object_id)
+        if rc != 0:
+            raise Unknown(f"runc pause {object_id}: {err}")
+
+    async def resume(self, object_id: str) -> None:
+        rc, _, err = await self._runc("resume", object_id)
+        if rc != 0 and "not paused" not in err:
+            raise Unknown(f"runc resume {object_id}: {err}")
+
+    async def checkpoint(self, object_id: str, paths: CheckpointPaths) -> None:
+        rc, err = await runc_checkpoint.run(
+            [*self._runc_argv(), *runc_checkpoint.checkpoint_args(object_id, paths)],
+            self.criu_path_env)
+        if rc != 0:
+            text = _runc_message(err)
+            why = runc_checkpoint.criu_errors(os.path.join(paths.work, runc_checkpoint.DUMP_LOG))
+            raise Unknown(f"runc checkpoint {object_id} failed: {text}"
+                          + (f" (CRIU: {why})" if why else ""))
+
+    async def restore(self, opts: CreateOptions, images: str) -> int:
+        return await self._spawn(opts, restore=images)
 
     # ---- exits and logs ----------------------------------------------------------------
 
@@ -379,10 +438,15 @@ async def _read_sync(fd: int) -> dict[str, Any] | None:
 
 
 def _runc_message(raw: bytes) -> str:
-    """runc's logrus line (``time=… level=error msg="…"``) reduced to its message."""
+    """runc's logrus line (``time=… level=error msg="…"``) reduced to its message. When
+    there are errors, its warnings go (runc 1.5 quotes all of CRIU's log as warnings
+    when a checkpoint fails)."""
     text = raw.decode(errors="replace").strip()
     lines = []
-    for line in text.splitlines():
+    all_lines = text.splitlines()
+    if any("level=error" in line for line in all_lines):
+        all_lines = [line for line in all_lines if "level=" not in line or "level=error" in line]
+    for line in all_lines:
         if 'msg="' in line:
             msg = line.split('msg="', 1)[1]
             msg = msg.rsplit('"', 1)[0]

@@ -64,6 +64,9 @@ class ContainerBundleRequest:
     image: ContainerImage
     #: The pid of the running container whose PID namespace a TARGET one joins.
     target_pid: int | None = None
+    #: A directory with a checkpoint's rootfs-diff.tar and deleted.files: applied to the
+    #: new writable layer before it is mounted (a restore; "" for none).
+    rootfs_diff: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,21 @@ class ContainerBundles(abc.ABC):
     @abc.abstractmethod
     def read_spec(self, container_id: str) -> dict[str, Any]:
         """The bundle's config.json; NotFound when there is none."""
+
+    @abc.abstractmethod
+    async def rootfs_diff(self, container_id: str, dest: str) -> None:
+        """Write the changes of the container's writable layer into ``dest`` (a
+        checkpoint's rootfs-diff.tar and deleted.files); the container should be frozen.
+        Cancelling stops it."""
+
+    @abc.abstractmethod
+    async def copy_image(self, container_id: str, chain_top: str, dest: str) -> None:
+        """Copy the files of an image (a checkpoint image) into ``dest``, through a
+        read-only view of its layers that is gone when this returns."""
+
+    @abc.abstractmethod
+    def image_layers(self, chain_top: str) -> list[str]:
+        """The directories of an image's layers, top first (to read a few files)."""
 
     @abc.abstractmethod
     async def remove(self, container_id: str) -> Sequence[str]:

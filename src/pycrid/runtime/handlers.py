@@ -24,7 +24,13 @@ from pycrid.config.schema import RuntimeConfig
 from pycrid.errors import InvalidArgument
 from pycrid.runtime.conmon import find_binary
 from pycrid.runtime.exits import Exit
-from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
+from pycrid.runtime.interface import (
+    CheckpointPaths,
+    ContainerRuntime,
+    CreateOptions,
+    ExecResult,
+    RuncState,
+)
 from pycrid.stdio import ProcessIO
 
 log = logging.getLogger(__name__)
@@ -38,6 +44,9 @@ class HandlerFeatures:
 
     recursive_read_only_mounts: bool = False
     user_namespaces: bool = False
+    #: The binary says it can checkpoint and restore with CRIU (not in the CRI's
+    #: features; Status verbose info reports it).
+    checkpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,14 +125,22 @@ def _kernel_at_least(major: int, minor: int) -> bool:
         return False
 
 
+#: runc's own annotation in ``runc features`` (since 1.1): built with checkpoint/restore.
+CHECKPOINT_ANNOTATION = "org.opencontainers.runc.checkpoint.enabled"
+
+
 def features_from(raw: Mapping[str, Any]) -> HandlerFeatures:
     """containerd's reading of ``runc features``: rro needs the mount option and a kernel
-    with mount_setattr (5.12); CRI user namespaces need idmapped mounts too."""
+    with mount_setattr (5.12); CRI user namespaces need idmapped mounts too. Checkpoint
+    support is what the binary's annotation says (a runtime that is not runc, gVisor's
+    runsc for one, says nothing, and is refused)."""
     rro = "rro" in (raw.get("mountOptions") or []) and _kernel_at_least(5, 12)
     linux = raw.get("linux") or {}
     idmap = ((linux.get("mountExtensions") or {}).get("idmap") or {}).get("enabled") is True
     userns = "user" in (linux.get("namespaces") or []) and idmap
-    return HandlerFeatures(recursive_read_only_mounts=rro, user_namespaces=userns)
+    checkpoint = (raw.get("annotations") or {}).get(CHECKPOINT_ANNOTATION) == "true"
+    return HandlerFeatures(recursive_read_only_mounts=rro, user_namespaces=userns,
+                           checkpoint=checkpoint)
 
 
 async def probe_features(runc: str) -> HandlerFeatures:
@@ -235,3 +252,25 @@ class RuntimeRouter(ContainerRuntime):
 
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         await self.runtimes[self.default].reopen_log(bundle, log_path)
+
+    def checkpoint_refusal(self, runtime_handler: str) -> str | None:
+        rt = self.runtimes.get(runtime_handler or self.default)
+        if rt is None:
+            return f"no runtime for handler {runtime_handler!r} is configured"
+        return rt.checkpoint_refusal(runtime_handler or self.default)
+
+    async def pause(self, object_id: str) -> None:
+        await self._of(object_id).pause(object_id)
+
+    async def resume(self, object_id: str) -> None:
+        await self._of(object_id).resume(object_id)
+
+    async def checkpoint(self, object_id: str, paths: CheckpointPaths) -> None:
+        await self._of(object_id).checkpoint(object_id, paths)
+
+    async def restore(self, opts: CreateOptions, images: str) -> int:
+        handler = opts.runtime_handler or self.default
+        if handler not in self.runtimes:
+            raise InvalidArgument(f"no runtime for handler {handler!r} is configured")
+        self._owner[opts.id] = handler
+        return await self.runtimes[handler].restore(opts, images)

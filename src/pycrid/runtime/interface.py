@@ -12,8 +12,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from pycrid.errors import FailedPrecondition
 from pycrid.runtime.exits import Exit
 from pycrid.stdio import ProcessIO
+
+#: Why a runtime that says nothing about checkpointing refuses it.
+NO_CHECKPOINT = "its runtime cannot checkpoint or restore containers"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,16 @@ class CreateOptions:
     stdin_once: bool = False
     #: The pod's runtime handler (empty: the default one).
     runtime_handler: str = ""
+
+
+@dataclass(frozen=True)
+class CheckpointPaths:
+    """Where one checkpoint goes (runc's ``--image-path`` and ``--work-path``)."""
+
+    #: CRIU's images of the processes.
+    images: str
+    #: CRIU's log (``dump.log``) and statistics (``stats-dump``).
+    work: str
 
 
 class RuncStatus(enum.Enum):
@@ -144,3 +158,29 @@ class ContainerRuntime(abc.ABC):
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         """Have the monitor reopen the CRI log; returns once ``log_path`` exists again
         (the kubelet opens it right after the call)."""
+
+    # ---- checkpoint and restore (CRIU). A runtime that cannot refuses; the runc one
+    # ---- overrides all five. -------------------------------------------------------
+
+    def checkpoint_refusal(self, runtime_handler: str) -> str | None:
+        """Why containers of ``runtime_handler`` ("" the default) cannot be checkpointed or
+        restored here; None when they can."""
+        return NO_CHECKPOINT
+
+    async def pause(self, object_id: str) -> None:
+        """Freeze every process of the container (its cgroup freezer)."""
+        raise FailedPrecondition(NO_CHECKPOINT)
+
+    async def resume(self, object_id: str) -> None:
+        """Thaw a frozen container; no error when it is not frozen."""
+        raise FailedPrecondition(NO_CHECKPOINT)
+
+    async def checkpoint(self, object_id: str, paths: CheckpointPaths) -> None:
+        """Write the container's process state to ``paths``, leaving it running (frozen
+        if it was). Cancelling kills the checkpoint's processes."""
+        raise FailedPrecondition(NO_CHECKPOINT)
+
+    async def restore(self, opts: CreateOptions, images: str) -> int:
+        """Create the container from CRIU images (``images``) instead of its process:
+        it runs when this returns; the init's host pid."""
+        raise FailedPrecondition(NO_CHECKPOINT)

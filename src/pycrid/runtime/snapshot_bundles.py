@@ -10,9 +10,12 @@ and cleans up after a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import os
 import shutil
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +23,10 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.cri_fields import set_image_ref
-from pycrid.errors import FailedPrecondition, InvalidArgument
+from pycrid.errors import FailedPrecondition, InvalidArgument, NotFound
 from pycrid.faults import failpoint
 from pycrid.host import space
+from pycrid.host.mounts import mount, mounts_under, unmount
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.container_spec import ContainerSpecRequest, container_spec
 from pycrid.oci.spec import pod_idmap
@@ -37,6 +41,7 @@ from pycrid.runtime.bundle import (
     remove_bundle,
     write_spec,
 )
+from pycrid.runtime.checkpoint_archive import copy_files
 from pycrid.runtime.container_bundles import (
     ContainerBundle,
     ContainerBundleRequest,
@@ -46,8 +51,11 @@ from pycrid.runtime.container_bundles import (
 )
 from pycrid.runtime.devices import cri_devices, nodes_under
 from pycrid.runtime.handlers import HandlerSpec
+from pycrid.runtime.image_volumes import PREFIX as IMAGE_VOLUMES
 from pycrid.runtime.image_volumes import mount_image_volume, remove_image_volumes
 from pycrid.runtime.mapped_rootfs import RootfsMapping
+from pycrid.runtime.rootfs_diff import apply_diff, write_diff
+from pycrid.tasks import stoppable_thread
 
 
 @dataclass(frozen=True)
@@ -94,12 +102,56 @@ class SnapshotBundles(ContainerBundles):
     async def remove(self, container_id: str) -> Sequence[str]:
         return await asyncio.to_thread(self._remove, container_id)
 
+    async def rootfs_diff(self, container_id: str, dest: str) -> None:
+        upper = self.snapshotter.upper_dir(container_id)
+        lowers = self._lowers(container_id)
+        await stoppable_thread(lambda stop: write_diff(upper, lowers, dest, stop))
+
+    async def copy_image(self, container_id: str, chain_top: str, dest: str) -> None:
+        key = f"{IMAGE_VOLUMES}{container_id}/checkpoint"  # removed with the container
+        target = os.path.join(self.paths.bundle(container_id), "checkpoint-image")
+
+        def copy(stop: threading.Event) -> None:
+            os.makedirs(target, mode=0o700, exist_ok=True)
+            try:
+                for m in self.snapshotter.view(key, chain_top,
+                                               labels={"pycrid.io/container": container_id}):
+                    mount(m, target)
+                copy_files(target, dest, stop)
+            finally:
+                for mp in reversed(mounts_under(target)):
+                    unmount(mp, detach=True)
+                with contextlib.suppress(NotFound):
+                    self.snapshotter.remove(key)
+                with contextlib.suppress(OSError):
+                    os.rmdir(target)
+
+        await stoppable_thread(copy)
+
+    def image_layers(self, chain_top: str) -> list[str]:
+        return [self.snapshotter.upper_dir(chain_top), *self._lowers(chain_top)]
+
+    def _apply_diff(self, cid: str, diff: str) -> None:
+        apply_diff(diff, self.snapshotter.upper_dir(cid), self._lowers(cid))
+
+    def _lowers(self, key: str) -> list[str]:
+        """The directories of the layers under snapshot ``key``, top first."""
+        out: list[str] = []
+        parent = self.snapshotter.stat(key).parent
+        while parent:
+            out.append(self.snapshotter.upper_dir(parent))
+            parent = self.snapshotter.stat(parent).parent
+        return out
+
     def _build(self, req: ContainerBundleRequest) -> ContainerBundle:
-        """Rootfs, image volumes and spec."""
+        """Rootfs (a restore's changes applied first), image volumes and spec."""
         cid = req.id
         bundle = self.paths.bundle(cid)
         mapping = self._mapping(req.pod)
-        rootfs = prepare_rootfs(self.snapshotter, cid, req.image.chain_top, bundle, mapping)
+        fill = (functools.partial(self._apply_diff, cid, req.rootfs_diff)
+                if req.rootfs_diff else None)
+        rootfs = prepare_rootfs(self.snapshotter, cid, req.image.chain_top, bundle, mapping,
+                                fill)
         failpoint("container.rootfs")
         config = self._mount_image_volumes(cid, req.config, req.image.volumes, mapping)
         volumes_dir = os.path.join(self.paths.volumes(cid), "volumes")

@@ -100,6 +100,10 @@ class ContainerRecord:
     #: The spec's linux.resources minus devices, plus ``oomScoreAdj`` (JSON): what
     #: ContainerStatus.resources reports; kept current by UpdateContainerResources.
     resources: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+    #: Created from a checkpoint and not started yet: StartContainer restores its
+    #: processes from CRIU's images instead of ``runc start`` (CRI-O's and containerd's
+    #: ``Restore`` mark).
+    restore: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", ContainerPhase(self.phase))  # a str from JSON

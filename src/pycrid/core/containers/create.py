@@ -15,6 +15,7 @@ import signal
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core import events
+from pycrid.core.containers import restore
 from pycrid.core.containers.parts import ContainerParts, now_ns
 from pycrid.core.containers.remove import cleanup
 from pycrid.core.registrar import resolve_prefix
@@ -70,6 +71,9 @@ async def create_container(parts: ContainerParts, sandbox_prefix: str,
         sandbox = parts.sandboxes.get(sid)
         if sandbox is None or not sandbox.ready:
             raise FailedPrecondition(f"pod sandbox {sandbox_prefix} is not ready")
+        plan = await restore.plan(parts, config, sandbox)
+        if plan is not None:
+            return await _create(parts, sandbox, plan.config, sandbox_config, plan)
         return await _create(parts, sandbox, config, sandbox_config)
 
 
@@ -90,7 +94,11 @@ def _runnable_sandbox(parts: ContainerParts, prefix: str) -> str:
 
 
 async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.ContainerConfig,
-                  sandbox_config: pb.PodSandboxConfig | None) -> str:
+                  sandbox_config: pb.PodSandboxConfig | None,
+                  plan: restore.RestorePlan | None = None) -> str:
+    """The create; with ``plan``, of a container restored from a checkpoint: its archive
+    unpacked and its rootfs changes applied, its log carried over, no runc container
+    until StartContainer restores one (restore.py)."""
     image = parts.images.resolve_local(config.image.image)
     if image is None:
         raise NotFound(f"image {config.image.image!r} not found: pull it first")
@@ -125,6 +133,10 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
         undo.callback(parts.store.delete, cid)
         await step("container.record")
         undo.push_async_callback(cleanup, parts, cid)
+        diff = ""
+        if plan is not None:
+            diff = await finish(restore.unpack_archive(parts, cid, plan))
+            await step("restore.unpacked")
         # Snapshots, mounts and volume copies are made by threads: never cut short.
         built = await finish(parts.bundles.build(ContainerBundleRequest(
             cid, config,
@@ -133,29 +145,46 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
                          runtime_handler=sandbox.runtime_handler),
             ContainerImage(image_config, image.chain[-1] if image.chain else None,
                            volume_images),
-            target_pid=_target_pid(parts, config, sandbox))))
+            target_pid=_target_pid(parts, config, sandbox), rootfs_diff=diff)))
         spec = built.spec
+        if plan is not None:
+            restore.check_compatible(plan, spec)
         undo.push_async_callback(parts.nri.undo_container, cid)  # Stop and Remove
         await parts.nri.create_container(rec, spec)
         await finish(parts.bundles.write_spec(cid, spec))
         await step("container.bundle")
         if log_path:
             os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
-        # conmon goes on without us: let it report, so the undo knows what it made.
-        pid = await finish(parts.runtime.create(CreateOptions(
-            id=cid, bundle=parts.paths.bundle(cid), name=name, log_path=log_path,
-            tty=config.tty, stdin=config.stdin, stdin_once=config.stdin_once,
-            runtime_handler=sandbox.runtime_handler)))
+        if plan is not None:
+            if await restore.restore_log(parts, cid, log_path):
+                undo.callback(restore.forget_log, log_path)
+            await step("restore.logged")
+            pid = 0
+        else:
+            # conmon goes on without us: let it report, so the undo knows what it made.
+            pid = await finish(parts.runtime.create(create_options(parts, rec, sandbox)))
         await step("container.created")
         user = spec["process"]["user"]
         rec = parts.store.update(cid, phase=ContainerPhase.CREATED, pid=pid, uid=user["uid"],
                                  gid=user["gid"], groups=tuple(user.get("additionalGids") or ()),
-                                 resources=record_of(spec), config=built.config)
+                                 resources=record_of(spec), config=built.config,
+                                 restore=plan is not None)
         undo.pop_all()
     log.info("created container %s", cid)
     parts.events.emit(events.CREATED, cid, sandbox.id)
     await parts.nri.post_create(rec)
     return cid
+
+
+def create_options(parts: ContainerParts, rec: ContainerRecord,
+                   sandbox: SandboxRecord) -> CreateOptions:
+    """How the runtime makes the container (conmon's flags): at create, or at a
+    restored container's start."""
+    config = rec.config
+    return CreateOptions(
+        id=rec.id, bundle=parts.paths.bundle(rec.id), name=rec.name, log_path=rec.log_path,
+        tty=config.tty, stdin=config.stdin, stdin_once=config.stdin_once,
+        runtime_handler=sandbox.runtime_handler)
 
 
 def _volume_images(parts: ContainerParts, config: pb.ContainerConfig) -> dict[int, VolumeImage]:

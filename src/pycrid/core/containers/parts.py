@@ -79,6 +79,8 @@ class ContainerParts:
     resource_policy: ResourcePolicy
     #: Told when a container starts or exits: it may now stand for its pod.
     anchors: PodAnchors
+    #: The runtime handler of pods that name none (what a checkpoint archive records).
+    default_handler: str = "runc"
     names: NameRegistrar = field(default_factory=lambda: NameRegistrar("container"))
     #: Exec and attach sessions (and, by pod id, port-forwards), ended with the object.
     sessions: SessionEnds = field(default_factory=SessionEnds)

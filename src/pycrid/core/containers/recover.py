@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 from collections.abc import Callable
 
 from pycrid.core import events
@@ -53,6 +55,14 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
         return
     exit_ = parts.runtime.exit_of(rec.id)
     status = state.status if state is not None else None
+    if rec.restore and not rec.started_at and exit_ is None and status is None:
+        return  # created from a checkpoint: no runc container until StartContainer
+    if status is RuncStatus.PAUSED:
+        # pycrid freezes a container only while it checkpoints it: the daemon was
+        # killed in the middle of one. Thawed, as the checkpoint would have left it.
+        log.warning("container %s: thawing it after an interrupted checkpoint", rec.id)
+        await parts.runtime.resume(rec.id)
+    _drop_checkpoint_files(parts.paths.checkpoint(rec.id))
     bundle = parts.paths.bundle(rec.id)
     if exit_ is None and not parts.runtime.watch(rec.id, bundle):
         # No exit recorded and its conmon gone (killed while the daemon was down, or
@@ -64,7 +74,16 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
     if not rec.started_at and exit_ is None and started:
         # Killed between ``runc start`` and its record: the start happened; finish it.
         log.info("container %s: finishing an interrupted start", rec.id)
-        parts.store.update(rec.id, started_at=now_ns())
+        # A restore's pid is known only from runc (a create's was recorded with it).
+        parts.store.update(rec.id, started_at=now_ns(), restore=False,
+                           pid=rec.pid or (state.pid if state is not None else 0))
         parts.events.emit(events.STARTED, rec.id, rec.sandbox_id)
     if exit_ is not None:
         submit(exit_)
+
+
+def _drop_checkpoint_files(work: str) -> None:
+    """What an interrupted checkpoint gathered (memory pages among it). A stat when
+    there is none, the common case, so no worker thread for it."""
+    if os.path.isdir(work):
+        shutil.rmtree(work, ignore_errors=True)

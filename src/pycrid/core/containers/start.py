@@ -1,5 +1,6 @@
-"""StartContainer: NRI's StartContainer, ``runc start``, the record; a failed start is
-recorded as an exit, as containerd records it."""
+"""StartContainer: NRI's StartContainer, ``runc start`` (or, for a container created from a
+checkpoint, its restore: restore.py), the record; a failed start is recorded as an exit,
+as containerd records it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import asyncio
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.core import events
+from pycrid.core.containers import restore
+from pycrid.core.containers.create import create_options
 from pycrid.core.containers.exited import finish
 from pycrid.core.containers.parts import ContainerParts, now_ns, state_name
 from pycrid.errors import FailedPrecondition
@@ -39,10 +42,17 @@ async def _start_locked(parts: ContainerParts, cid: str) -> None:
         raise FailedPrecondition(f"pod sandbox {rec.sandbox_id} of container "
                                  f"{rec.id} is not ready")
     started = now_ns()
+    pid = rec.pid
     try:
         failpoint("container.start")
         await parts.nri.start_container(rec)
-        await parts.runtime.start(rec.id)
+        if rec.restore:
+            failpoint("restore.restoring")
+            pid = await parts.runtime.restore(create_options(parts, rec, sandbox),
+                                              restore.images_of(parts, rec))
+            failpoint("restore.restored")
+        else:
+            await parts.runtime.start(rec.id)
     except Exception as e:
         # containerd records a start failure as an exit with StartError, code 128.
         finish(parts, rec.id, now_ns(), 128, "StartError", str(e))
@@ -50,7 +60,10 @@ async def _start_locked(parts: ContainerParts, cid: str) -> None:
         raise
     # Killed here, recovery finds runc's container running and finishes the start.
     failpoint("container.started")
-    rec = parts.store.update(rec.id, started_at=started)
+    restored = rec.restore
+    rec = parts.store.update(rec.id, started_at=started, pid=pid, restore=False)
+    if restored:
+        await restore.forget_archive(parts, rec.id)
     parts.anchors.refresh(rec.sandbox_id)
     parts.events.emit(events.STARTED, rec.id, rec.sandbox_id)
     await parts.nri.post_start(rec)
