@@ -132,11 +132,15 @@ async def _init_images(ctx: InitContext) -> Any:
 async def _init_runtime_config(ctx: InitContext) -> Any:
     # The CRI runtime section: read by the runtime, sandbox and CRI plugins.
     from pycrid.config.decode import ConfigError
-    from pycrid.config.schema import RuntimeHandlerConfig
+    from pycrid.config.schema import RUNSC_TYPE, RuntimeHandlerConfig
+    from pycrid.runtime.runsc_config import available as runsc_available
 
     config: RuntimeConfig = ctx.config
     # A config that adds handlers keeps the default runc one, as containerd's does.
     config.runtimes.setdefault("runc", RuntimeHandlerConfig())
+    # gVisor when it is installed: a RuntimeClass with handler runsc then needs no config.
+    if config.discover_runsc and "runsc" not in config.runtimes and runsc_available():
+        config.runtimes["runsc"] = RuntimeHandlerConfig(runtime_type=RUNSC_TYPE)
     if config.default_runtime_name not in config.runtimes:
         raise ConfigError(f'plugins."{CRI}.runtime".default_runtime_name',
                           f"{config.default_runtime_name!r} is not one of runtimes "
@@ -163,25 +167,48 @@ async def _init_host_facts(ctx: InitContext) -> Any:
 
 
 async def _init_runc(ctx: InitContext) -> Any:
-    # One runc (root, binary) per runtime handler, routed by object id.
+    # One runtime (binary, root) per runtime handler, routed by object id: runc under
+    # conmon, or gVisor's runsc under conmon for a handler of that type.
     import dataclasses
 
     from pycrid.runtime.conmon import ConmonRuntime
-    from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
+    from pycrid.runtime.handlers import (
+        HandlerFeatures,
+        RuntimeRouter,
+        load_handlers,
+        probe_features,
+        probe_runsc,
+    )
+    from pycrid.runtime.interface import ContainerRuntime
+    from pycrid.runtime.runsc import RunscRuntime
+    from pycrid.runtime.runsc_config import known_capabilities
     from pycrid.stats.cgroup_hierarchy import hierarchy_of
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     state = ctx.properties["state"]
     handlers = load_handlers(config, state)
-    runtimes: dict[str, ConmonRuntime] = {}
+    runtimes: dict[str, ContainerRuntime] = {}
     cgroups = hierarchy_of(ctx.get_by_id(HOST, "facts").cgroup_mounts)
+    systemd = config.cgroup_driver == "systemd"
     for name, spec in handlers.items():
-        runtimes[name] = ConmonRuntime(state_dir=state, runc=spec.runc_binary,
-                                       conmon=config.conmon_path, runc_root=spec.runc_root,
-                                       systemd_cgroup=config.cgroup_driver == "systemd",
-                                       cgroups=cgroups)
-        handlers[name] = dataclasses.replace(
-            spec, features=await probe_features(runtimes[name].runc))
+        if spec.runsc is not None:
+            runsc = spec.runsc
+            probe = await probe_runsc(runsc.binary)
+            runtimes[name] = RunscRuntime(state_dir=state, settings=runsc,
+                                          conmon=config.conmon_path, systemd_cgroup=systemd,
+                                          cgroups=cgroups, can_update=probe.can_update,
+                                          version=probe.version)
+            features = HandlerFeatures(update_resources=probe.can_update)
+            spec = dataclasses.replace(spec, capabilities=known_capabilities(probe.version))
+            log.info("runtime handler %s: gVisor runsc %s at %s (root %s, flags %s)", name,
+                     probe.version, runsc.binary, runsc.root, " ".join(runsc.args("%ID%")))
+        else:
+            runc = ConmonRuntime(state_dir=state, runc=spec.runc_binary,
+                                 conmon=config.conmon_path, runc_root=spec.runc_root,
+                                 systemd_cgroup=systemd, cgroups=cgroups)
+            runtimes[name] = runc
+            features = await probe_features(runc.runc)
+        handlers[name] = dataclasses.replace(spec, features=features)
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)
 
 

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pycrid.config.schema import RUNSC_TYPE
 from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
 from pycrid.core.containers import ContainerParts
@@ -118,7 +119,10 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                         userns=[n for n, h in handlers.items() if h.features.user_namespaces],
                         drop_infra=runtime_config.drop_infra_ctr and pinned is not None,
                         podsandbox=[n for n, h in runtime_config.runtimes.items()
-                                    if h.sandboxer == "podsandbox"]))
+                                    if h.sandboxer == "podsandbox"],
+                        # gVisor's sandbox is the pod's pause container: always one.
+                        sandboxed=[n for n, h in runtime_config.runtimes.items()
+                                   if h.runtime_type == RUNSC_TYPE]))
     stats = StatsService(pods=pods, containers=containers, snapshotter=images.snapshotter,
                          period=float(runtime_config.stats_collect_period), cgroup_driver=driver,
                          anchor=anchors.of, hierarchy=hierarchy_of(host.cgroup_mounts),

@@ -77,15 +77,18 @@ class ConmonRuntime(ContainerRuntime):
 
     # ---- runc --------------------------------------------------------------------------
 
-    def _runc_argv(self) -> list[str]:
-        """runc and its global flags, the same for every command."""
+    def _runc_argv(self, of: str = "") -> list[str]:
+        """runc and its global flags for a command on object ``of`` (the same for every
+        object here)."""
         return [self.runc, f"--root={self.runc_root}",
                 *(["--systemd-cgroup"] if self.systemd_cgroup else [])]
 
-    async def _runc(self, *args: str, stdin: bytes | None = None) -> tuple[int, bytes, str]:
-        """Run one runc command: (exit code, stdout, its error message made readable)."""
+    async def _runc(self, *args: str, stdin: bytes | None = None,
+                    of: str = "") -> tuple[int, bytes, str]:
+        """Run one runc command on object ``of``: (exit code, stdout, its error message
+        made readable)."""
         proc = await asyncio.create_subprocess_exec(
-            *self._runc_argv(), *args, stdin=asyncio.subprocess.PIPE if stdin is not None else
+            *self._runc_argv(of), *args, stdin=asyncio.subprocess.PIPE if stdin is not None else
             asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         out, err = await proc.communicate(stdin)
@@ -94,12 +97,12 @@ class ConmonRuntime(ContainerRuntime):
 
     async def update(self, object_id: str, resources: dict[str, Any]) -> None:
         rc, _, err = await self._runc("update", "--resources", "-", object_id,
-                                      stdin=json.dumps(resources).encode())
+                                      stdin=json.dumps(resources).encode(), of=object_id)
         if rc != 0:
             raise Unknown(f"runc update {object_id}: {err}")
 
     async def start(self, object_id: str) -> None:
-        rc, _, err = await self._runc("start", object_id)
+        rc, _, err = await self._runc("start", object_id, of=object_id)
         if rc != 0:
             if "does not exist" in err:
                 raise NotFound(f"runtime has no container {object_id}")
@@ -109,7 +112,7 @@ class ConmonRuntime(ContainerRuntime):
         direct = signal_init(self.runc_root, object_id, sig)
         if direct is not None:  # None: runc decides
             return direct
-        rc, _, err = await self._runc("kill", object_id, str(sig))
+        rc, _, err = await self._runc("kill", object_id, str(sig), of=object_id)
         if rc == 0:
             return True
         if any(s in err for s in ("not running", "does not exist", "no such process",
@@ -120,12 +123,12 @@ class ConmonRuntime(ContainerRuntime):
     async def delete(self, object_id: str) -> None:
         if not os.path.isdir(os.path.join(self.runc_root, object_id)):
             return  # runc knows nothing of it (deleted at its exit, or never created)
-        rc, _, err = await self._runc("delete", "--force", object_id)
+        rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
         if rc != 0 and "does not exist" not in err:
             raise Unknown(f"runc delete {object_id}: {err}")
 
     async def state(self, object_id: str) -> RuncState | None:
-        rc, out, err = await self._runc("state", object_id)
+        rc, out, err = await self._runc("state", object_id, of=object_id)
         if rc != 0:
             if "does not exist" in err:
                 return None
@@ -142,17 +145,24 @@ class ConmonRuntime(ContainerRuntime):
 
     # ---- create through conmon ---------------------------------------------------------
 
+    def _monitored(self, opts: CreateOptions) -> tuple[str, list[str]]:
+        """What conmon runs as the OCI runtime, and the arguments it puts before
+        ``create`` (``--runtime``, ``--runtime-arg``)."""
+        return self.runc, [f"--root={self.runc_root}"]
+
     async def create(self, opts: CreateOptions) -> int:
         bundle = opts.bundle
+        runtime, runtime_args = self._monitored(opts)
         argv = [
             self.conmon, "--bundle", bundle, "--cid", opts.id, "--cuuid", opts.id,
-            "--name", opts.name, "--runtime", self.runc,
+            "--name", opts.name, "--runtime", runtime,
             "--container-pidfile", os.path.join(bundle, "pidfile"),
             "--conmon-pidfile", os.path.join(bundle, "conmon.pid"),
             "--log-path", f"k8s-file:{opts.log_path}" if opts.log_path else "none",
             "--exit-dir", self.exit_dir, "--persist-dir", bundle,
             "--socket-dir-path", self.socket_dir, "--full-attach",
-            "--log-level", "info", "--runtime-arg", f"--root={self.runc_root}",
+            "--log-level", "info",
+            *(a for arg in runtime_args for a in ("--runtime-arg", arg)),
         ]
         if self.systemd_cgroup:
             argv.append("--systemd-cgroup")

@@ -45,10 +45,17 @@ FIRST_SIZE_WAIT = 0.5
 _ATTACH_PACKET = 32768
 
 
-async def run_exec(argv: list[str], pid_path: str, io: ProcessIO) -> int:
-    """Run ``argv`` (a ``runc exec``) wired to ``io``; its exit status."""
+#: Ends an exec'd process the runtime keeps out of the host's reach (gVisor's runsc
+#: exec: the process lives in the sandbox, and its pid file names runsc itself).
+Stopper = Callable[[], Awaitable[None]]
+
+
+async def run_exec(argv: list[str], pid_path: str, io: ProcessIO,
+                   stop: Stopper | None = None) -> int:
+    """Run ``argv`` (a ``runc exec``) wired to ``io``; its exit status. ``stop``, when
+    given, is awaited first when the exec is cut short."""
     if io.tty:
-        return await _run_tty(argv, pid_path, io)
+        return await _run_tty(argv, pid_path, io, stop)
     pipe, null = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=pipe if io.stdin else null, stdout=pipe if io.stdout else null,
@@ -66,10 +73,11 @@ async def run_exec(argv: list[str], pid_path: str, io: ProcessIO) -> int:
                 feeder.cancel()
         return code
     finally:
-        await _kill(pid_path, proc)
+        await _kill(pid_path, proc, stop)
 
 
-async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO) -> int:
+async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO,
+                   stop: Stopper | None) -> int:
     sizes: asyncio.Queue[TerminalSize] = asyncio.Queue()
     master, slave = os.openpty()
     try:
@@ -105,7 +113,7 @@ async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO) -> int:
                 for task in others:
                     task.cancel()
             finally:
-                await _kill(pid_path, proc)
+                await _kill(pid_path, proc, stop)
         return code
     finally:
         if slave >= 0:
@@ -228,7 +236,8 @@ async def _drain(outputs: list[asyncio.Task[None]]) -> None:
             task.cancel()
 
 
-async def _kill(pid_path: str, proc: asyncio.subprocess.Process) -> None:
+async def _kill(pid_path: str, proc: asyncio.subprocess.Process,
+                stop: Stopper | None = None) -> None:
     """Kill what is left of the exec (nothing, after a normal exit) and return only once
     it is gone, so a timed-out ExecSync answers with its process already dead (the
     kubelet's exec probes rely on it).
@@ -240,6 +249,9 @@ async def _kill(pid_path: str, proc: asyncio.subprocess.Process) -> None:
     only if it does not follow within ``KILL_GRACE``."""
     if proc.returncode is not None:
         return
+    if stop is not None:
+        with contextlib.suppress(Exception):
+            await stop()
     victims = _exec_processes(pid_path, proc.pid)
     for pid in victims:
         with contextlib.suppress(ProcessLookupError):

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pycrid.stats.cgroup_hierarchy import Hierarchy
 from pycrid.stats.cgroup_stats import CgroupStats, nano_cores
@@ -39,6 +39,10 @@ class Target:
     layer_key: str | None = None
     #: A process in the pod's network namespace (0: no network counters).
     net_pid: int = 0
+    #: The runtime's own reading of an object the host has no cgroup of its own for (a
+    #: gVisor sub-container): its CPU, memory and tasks replace the cgroup's figures,
+    #: ``cgroups_path`` then being the cgroup that runs it (its pod's sandbox).
+    reader: Callable[[], CgroupStats | None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ class Sampler:
         path = self._cgroups_path(t)
         mono, wall = time.monotonic_ns(), time.time_ns()
         cgroup = self.hierarchy.read(path, self._proc) if path else None
+        if t.reader is not None:
+            cgroup = _overlay(cgroup, t.reader())
         layer = None
         if t.layer_key is not None and self._layer_usage is not None:
             try:
@@ -197,6 +203,22 @@ class Sampler:
                 or cur.cgroup.cpu_ns is None):
             return None
         return nano_cores(prev.cgroup.cpu_ns, prev.mono, cur.cgroup.cpu_ns, cur.mono)
+
+
+def _overlay(host: CgroupStats | None, own: CgroupStats | None) -> CgroupStats | None:
+    """The runtime's figures of a container over those of the cgroup that runs it (CPU
+    throttling, I/O and pressure are that cgroup's: the sandbox's, which its containers
+    share)."""
+    if own is None:
+        return None
+    if host is None:
+        return own
+    return replace(host, cpu_ns=own.cpu_ns, cpu_user_ns=own.cpu_user_ns,
+                   cpu_system_ns=own.cpu_system_ns, memory_usage=own.memory_usage,
+                   memory_max_usage=own.memory_max_usage, inactive_file=0, active_file=0,
+                   rss=own.memory_usage or 0, cache=0, mapped_file=0, pgfault=0,
+                   pgmajfault=0, processes=own.processes, threads=own.threads,
+                   fds=None, sockets=None)
 
 
 __all__ = ["LayerUsage", "Sample", "Sampler", "Target"]
