@@ -199,7 +199,8 @@ async def _init_runc(ctx: InitContext) -> Any:
                                           cgroups=cgroups, can_update=probe.can_update,
                                           version=probe.version)
             features = HandlerFeatures(update_resources=probe.can_update)
-            spec = dataclasses.replace(spec, capabilities=known_capabilities(probe.version))
+            spec = dataclasses.replace(spec, capabilities=known_capabilities(probe.version),
+                                       version=probe.version)
             log.info("runtime handler %s: gVisor runsc %s at %s (root %s, flags %s)", name,
                      probe.version, runsc.binary, runsc.root, " ".join(runsc.args("%ID%")))
         else:

@@ -99,7 +99,8 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                   pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
                   pod_namespaces=lambda rec: (controller.namespaces(rec)
                                               if rec.controller == "pinned" else None),
-                  read_spec=bundles.read_spec),
+                  read_spec=bundles.read_spec, sandboxed=_gvisor_seccomp(
+                      handlers, runtime_config.default_runtime_name)),
               actions=ContainerActions(
                   apply_resources=lambda cid, res: apply_resources(containers, cid, res),
                   evict=lambda cid, why: evict(containers, cid, why)),
@@ -132,3 +133,13 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                       handlers=handlers, host=host)
     return CRIService(parts, settings, owner=inputs.owner, layout=orphans.Layout(
         root=root, state=state, exit_dir=runtime.exit_dir))
+
+
+def _gvisor_seccomp(handlers: Mapping[str, HandlerSpec], default: str) -> dict[str, bool]:
+    """The gVisor handlers ("" for the default when it is one), each with whether it applies
+    OCI seccomp policies (runsc --oci-seccomp)."""
+    out = {name: (h.runsc.flag("oci-seccomp") or "false").lower() in ("true", "1")
+           for name, h in handlers.items() if h.runsc is not None}
+    if default in out:
+        out[""] = out[default]
+    return out

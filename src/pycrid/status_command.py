@@ -136,6 +136,7 @@ def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
            "streaming": info.get("streaming") or {}, "pods": info.get("pods") or {},
            "containers": info.get("containers") or {}, "images": info.get("images") or {},
            "nri": nri, "network": _network(info.get("cniconfig") or {}),
+           "handlers": info.get("runtimeHandlers") or [],
            "warnings": info.get("warnings") or []}
     if as_json:
         json.dump(doc, out, sort_keys=True)
@@ -183,6 +184,7 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         if c["reason"] or c["message"]:
             text += f" ({c['reason']}: {c['message']})"
         rows.append((c["type"], text))
+    rows += _handler_rows(doc["handlers"])
     net = doc["network"]
     names = ", ".join(f"{n['name']} ({n['source']})" for n in net["networks"])
     rows.append(("CNI networks", names or f"none in {net['conf_dir']}"))
@@ -206,6 +208,25 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
             rows.append((f"  {p['index']}-{p['name']}", text))
     for w in doc["warnings"]:
         rows.append(("Warning", w))
+    return rows
+
+
+def _handler_rows(handlers: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    rows = [("Runtime handlers", ", ".join(
+        h["name"] + (" (default)" if h["default"] else "") for h in handlers) or "none")]
+    for h in handlers:
+        kind = (f"gVisor runsc {h['version']}".rstrip() if h["sandboxed"]
+                else "runc under conmon")
+        can = [what for what, yes in (("user namespaces", h["user_namespaces"]),
+                                      ("recursive read-only mounts",
+                                       h["recursive_read_only_mounts"]),
+                                      ("resource updates", h["update_resources"])) if yes]
+        pause = "always with" if h["pod_sandbox"] == "pause" else "with or without"
+        text = (f"{kind}, {h['binary']}, pods {pause} a pause; "
+                f"{', '.join(can) or 'no user namespaces, rro mounts or resource updates'}")
+        if h["flags"]:
+            text += f"; flags {' '.join(h['flags'])}"
+        rows.append((f"  {h['name']}", text))
     return rows
 
 

@@ -33,6 +33,8 @@ def status_info_map(info: StatusInfo, streaming_url: str) -> dict[str, str]:
         "daemon": json.dumps(_jsonable(info.daemon)),
         "images": json.dumps(_jsonable(info.images)),
         "streaming": json.dumps(streaming),
+        # Each runtime handler (RuntimeClass) with what it can do.
+        "runtimeHandlers": json.dumps(_jsonable(info.handlers)),
     }
 
 

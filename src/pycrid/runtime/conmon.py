@@ -29,6 +29,7 @@ from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, U
 from pycrid.runtime import interactive
 from pycrid.runtime.exits import Exit, read_exit
 from pycrid.runtime.interface import ContainerRuntime, CreateOptions, ExecResult, RuncState
+from pycrid.runtime.monitor_exit import monitor_gone
 from pycrid.runtime.signals import signal_init
 from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills
 from pycrid.stdio import ProcessIO
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 CREATE_TIMEOUT = 60.0
 #: How long conmon may take to reopen a log after being asked.
 REOPEN_TIMEOUT = 10.0
+#: How long a deleted container's conmon may take to record the exit and end.
+MONITOR_EXIT_WAIT = 5.0
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -65,11 +68,16 @@ class ConmonRuntime(ContainerRuntime):
                  systemd_cgroup: bool = False, runc_root: str = "",
                  cgroups: Hierarchy | None = None) -> None:
         self.runc = find_binary(runc, "runc", "runtime_path")
+        #: How messages name the runtime (runc, or runsc).
+        self.name = os.path.basename(self.runc)
         self.conmon = find_binary(conmon, "conmon", "conmon_path")
         self.runc_root = runc_root or os.path.join(state_dir, "runc")
         self.exit_dir = os.path.join(state_dir, "exits")
         self.socket_dir = os.path.join(state_dir, "conmon")
         self.systemd_cgroup = systemd_cgroup
+        #: conmon's pid by container id (from its pid file at create), so that delete
+        #: returns once the container's monitor is gone too.
+        self._monitors: dict[str, int] = {}
         #: The host's cgroup mounts, to read a container's OOM-kill counter.
         self.cgroups = cgroups if cgroups is not None else Hierarchy()
         for d in (self.runc_root, self.exit_dir, self.socket_dir):
@@ -99,14 +107,14 @@ class ConmonRuntime(ContainerRuntime):
         rc, _, err = await self._runc("update", "--resources", "-", object_id,
                                       stdin=json.dumps(resources).encode(), of=object_id)
         if rc != 0:
-            raise Unknown(f"runc update {object_id}: {err}")
+            raise Unknown(f"{self.name} update {object_id}: {err}")
 
     async def start(self, object_id: str) -> None:
         rc, _, err = await self._runc("start", object_id, of=object_id)
         if rc != 0:
             if "does not exist" in err:
                 raise NotFound(f"runtime has no container {object_id}")
-            raise Unknown(f"runc start {object_id}: {err}")
+            raise Unknown(f"{self.name} start {object_id}: {err}")
 
     async def kill(self, object_id: str, sig: int) -> bool:
         direct = signal_init(self.runc_root, object_id, sig)
@@ -118,27 +126,28 @@ class ConmonRuntime(ContainerRuntime):
         if any(s in err for s in ("not running", "does not exist", "no such process",
                                   "process already finished", "container not created")):
             return False
-        raise Unknown(f"runc kill {object_id} {sig}: {err}")
+        raise Unknown(f"{self.name} kill {object_id} {sig}: {err}")
 
     async def delete(self, object_id: str) -> None:
         if not os.path.isdir(os.path.join(self.runc_root, object_id)):
             return  # runc knows nothing of it (deleted at its exit, or never created)
         rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
         if rc != 0 and "does not exist" not in err:
-            raise Unknown(f"runc delete {object_id}: {err}")
+            raise Unknown(f"{self.name} delete {object_id}: {err}")
+        await self._monitor_ended(object_id)
 
     async def state(self, object_id: str) -> RuncState | None:
         rc, out, err = await self._runc("state", object_id, of=object_id)
         if rc != 0:
             if "does not exist" in err:
                 return None
-            raise Unknown(f"runc state {object_id}: {err}")
+            raise Unknown(f"{self.name} state {object_id}: {err}")
         return RuncState.from_json(json.loads(out))
 
     async def states(self) -> dict[str, RuncState]:
         rc, out, err = await self._runc("list", "--format", "json")
         if rc != 0:
-            raise Unknown(f"runc list: {err}")
+            raise Unknown(f"{self.name} list: {err}")
         listed = json.loads(out or b"null") or []
         return {str(s["id"]): RuncState.from_json(s) for s in listed
                 if isinstance(s, dict) and "id" in s}
@@ -199,9 +208,24 @@ class ConmonRuntime(ContainerRuntime):
             raise Unknown(f"conmon failed to create container {opts.id}: {text}")
         pid = int(message.get("pid", -1))
         if pid <= 0:
-            raise Unknown(f"runc create {opts.id} failed: "
+            raise Unknown(f"{self.name} create {opts.id} failed: "
                           f"{_runc_message(str(message.get('message', '')).encode())}")
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(bundle, "conmon.pid")) as f:
+                self._monitors[opts.id] = int(f.read().strip())
         return pid
+
+    async def _monitor_ended(self, object_id: str) -> None:
+        """After the container is deleted: wait (briefly) for its conmon to write the exit
+        and go, and kill one that stays, so a deleted container leaves no monitor behind
+        (a failed RunPodSandbox once left the pause's conmon waiting for ever)."""
+        pid = self._monitors.pop(object_id, 0)
+        if pid <= 0 or await monitor_gone(pid, object_id, MONITOR_EXIT_WAIT):
+            return
+        log.warning("conmon %d of %s still runs %.0fs after its container was deleted; "
+                    "killing it", pid, object_id, MONITOR_EXIT_WAIT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     async def _kill_conmon(self, bundle: str) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -62,6 +62,8 @@ class HandlerSpec:
     runsc: RunscSettings | None = None
     #: The capabilities its runtime knows (None: every one the host has).
     capabilities: frozenset[str] | None = None
+    #: What its binary says of its version (runsc's; "" when not asked).
+    version: str = ""
 
     @property
     def sandboxed(self) -> bool:

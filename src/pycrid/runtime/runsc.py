@@ -184,6 +184,7 @@ class RunscRuntime(ConmonRuntime):
             # A container deleted before it started: its monitor's child still waits.
             await runsc_monitor.say(obj.bundle, "stop")
         self._objects.pop(object_id, None)
+        await self._monitor_ended(object_id)
 
     async def update(self, object_id: str, resources: dict[str, Any]) -> None:
         if not self.can_update:

@@ -206,19 +206,31 @@ class Sampler:
 
 
 def _overlay(host: CgroupStats | None, own: CgroupStats | None) -> CgroupStats | None:
-    """The runtime's figures of a container over those of the cgroup that runs it (CPU
-    throttling, I/O and pressure are that cgroup's: the sandbox's, which its containers
-    share)."""
+    """The runtime's figures of a container over those of the cgroup that runs it: what
+    the runtime measures per container (CPU time, memory in use, tasks) replaces the
+    cgroup's; the rest (CPU throttling, I/O, pressure, descriptors, limits) is that
+    cgroup's, the sandbox's, which its containers share. CPU time the runtime does not
+    split into user and system is split as the cgroup's is."""
     if own is None:
         return None
     if host is None:
         return own
-    return replace(host, cpu_ns=own.cpu_ns, cpu_user_ns=own.cpu_user_ns,
-                   cpu_system_ns=own.cpu_system_ns, memory_usage=own.memory_usage,
-                   memory_max_usage=own.memory_max_usage, inactive_file=0, active_file=0,
-                   rss=own.memory_usage or 0, cache=0, mapped_file=0, pgfault=0,
-                   pgmajfault=0, processes=own.processes, threads=own.threads,
-                   fds=None, sockets=None)
+    changes: dict[str, object] = {}
+    if own.cpu_ns is not None:
+        changes["cpu_ns"] = own.cpu_ns
+        for name in ("cpu_user_ns", "cpu_system_ns"):
+            mine, theirs = getattr(own, name), getattr(host, name)
+            if mine is None and theirs is not None and host.cpu_ns:
+                mine = theirs * own.cpu_ns // host.cpu_ns
+            changes[name] = mine
+    if own.memory_usage is not None:
+        changes.update(memory_usage=own.memory_usage, inactive_file=0, active_file=0,
+                       rss=own.memory_usage, cache=0, mapped_file=0)
+        if own.memory_max_usage is not None:
+            changes["memory_max_usage"] = own.memory_max_usage
+    if own.processes is not None:
+        changes["processes"] = own.processes
+    return replace(host, **changes)  # type: ignore[arg-type]
 
 
 __all__ = ["LayerUsage", "Sample", "Sampler", "Target"]
