@@ -198,7 +198,9 @@ async def _init_runc(ctx: InitContext) -> Any:
                                           conmon=config.conmon_path, systemd_cgroup=systemd,
                                           cgroups=cgroups, can_update=probe.can_update,
                                           version=probe.version)
-            features = HandlerFeatures(update_resources=probe.can_update)
+            # gVisor's read-only bind mounts are read-only all the way down.
+            features = HandlerFeatures(recursive_read_only_mounts=True,
+                                       update_resources=probe.can_update)
             spec = dataclasses.replace(spec, capabilities=known_capabilities(probe.version),
                                        version=probe.version)
             log.info("runtime handler %s: gVisor runsc %s at %s (root %s, flags %s)", name,

@@ -125,7 +125,7 @@ def container_spec(req: ContainerSpecRequest, image: ImageInput, *,
     mounts, propagation = container_mounts(
         base, cgroup_mount, config, req.files, volumes,
         readonly_rootfs=sc.readonly_rootfs, host_ipc=sc.namespace_options.ipc == pb.NODE,
-        rro_supported=handler.rro_supported)
+        handler=handler)
     spec["mounts"] = mounts
     if propagation:
         linux["rootfsPropagation"] = propagation
