@@ -136,7 +136,7 @@ def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
            "streaming": info.get("streaming") or {}, "pods": info.get("pods") or {},
            "containers": info.get("containers") or {}, "images": info.get("images") or {},
            "nri": nri, "network": _network(info.get("cniconfig") or {}),
-           "handlers": info.get("runtimeHandlers") or [],
+           "handlers": list((info.get("handlers") or {}).values()),
            "warnings": info.get("warnings") or []}
     if as_json:
         json.dump(doc, out, sort_keys=True)

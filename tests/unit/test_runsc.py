@@ -5,11 +5,13 @@ sub-container (driven with a stand-in runsc)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -269,8 +271,19 @@ def _wait_exit(pid: int) -> None:
     raise AssertionError(f"monitor {pid} did not end")
 
 
-def test_monitor_creates_then_waits_for_the_word(tmp_path: Path) -> None:
+@pytest.fixture
+def monitors() -> Iterator[list[int]]:
+    """Monitor children a test started: killed afterwards if a failure left them waiting."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+
+
+def test_monitor_creates_then_waits_for_the_word(tmp_path: Path, monitors: list[int]) -> None:
     bundle, monitor = _run_monitor(tmp_path, "7")
+    monitors.append(monitor)
     log = (tmp_path / "log").read_text().splitlines()
     # runsc create got conmon's arguments, its pid file beside conmon's.
     assert log == [f"--root=/r --network=host create --bundle {bundle} --pid-file "

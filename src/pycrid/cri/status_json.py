@@ -33,9 +33,15 @@ def status_info_map(info: StatusInfo, streaming_url: str) -> dict[str, str]:
         "daemon": json.dumps(_jsonable(info.daemon)),
         "images": json.dumps(_jsonable(info.images)),
         "streaming": json.dumps(streaming),
-        # Each runtime handler (RuntimeClass) with what it can do.
-        "runtimeHandlers": json.dumps(_jsonable(info.handlers)),
+        # Each runtime handler (RuntimeClass) by name, with what it can do: an object, so
+        # `crictl info` shows it parsed (it parses objects only), under a key of its own
+        # (crictl prints the CRI's own handler list as "runtimeHandlers").
+        "handlers": json.dumps(_by_name(info)),
     }
+
+
+def _by_name(info: StatusInfo) -> dict[str, object]:
+    return {h.name: _jsonable(h) for h in info.handlers}
 
 
 def _jsonable(obj: object) -> object:

@@ -162,6 +162,9 @@ class RunscRuntime(ConmonRuntime):
                 os.close(fd)
         _, err = await proc.communicate()
         if proc.returncode != 0:
+            # runsc leaves the gofer it started for the container (its state never named
+            # it, so runsc delete cannot find it): it goes here.
+            await asyncio.to_thread(_kill_gofers, obj.bundle)
             raise Unknown(f"runsc start {object_id}: {_error_of(error_log, err)}")
         if not await runsc_monitor.say(obj.bundle, "start"):
             log.warning("container %s started but its monitor is gone: its exit will be "
@@ -258,6 +261,22 @@ class RunscRuntime(ConmonRuntime):
         if not sep:
             return False
         return (oom_kills(self.cgroups, head + ann[_SANDBOX_ID] + tail) or 0) > 0
+
+
+def _kill_gofers(bundle: str) -> None:
+    """SIGKILL every runsc gofer serving ``bundle``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[0] == "runsc-gofer" and "gofer" in argv and any(
+                a == "--bundle" and b == bundle for a, b in zip(argv, argv[1:])):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
 
 
 def _error_of(log_path: str, stderr: bytes | None) -> str:
