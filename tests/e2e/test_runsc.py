@@ -415,3 +415,31 @@ def test_recovery_after_restart_and_kill9(tmp_path: Path, registry: LocalRegistr
         assert pods.status(keeps).status.state == pb.CONTAINER_EXITED
         pods.remove_pod(sid)
         assert leftovers(d.root, d.state) == []
+
+
+def test_shared_pid_namespace_is_the_sandboxes(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:
+    """shareProcessNamespace: the pod's containers and its pause are one PID namespace, the
+    sandbox's own (the pause is its pid 1); without it each container has its own."""
+    shared = pb.NamespaceOption(pid=pb.POD)
+    sid, config = _runsc_pod(pods, tmp_path, linux=pb.LinuxPodSandboxConfig(
+        security_context=pb.LinuxSandboxSecurityContext(namespace_options=shared)))
+    first = container_config(daemon.extra["busybox"], "first", command=["sleep", "1111"])
+    first.linux.security_context.namespace_options.CopyFrom(shared)
+    second = _sleeper(daemon.extra["busybox"], "second")
+    second.linux.security_context.namespace_options.CopyFrom(shared)
+    pods.run_container(sid, first, config)
+    cid = pods.run_container(sid, second, config)
+    ps = pods.exec(cid, ["ps", "-o", "pid,args"]).stdout.decode()
+    assert "sleep 1111" in ps and "/pause" in ps, ps
+    assert pods.exec(cid, ["cat", "/proc/1/cmdline"]).stdout.startswith(b"/pause"), ps
+    apart = pb.NamespaceOption(pid=pb.CONTAINER)  # the kubelet's default
+    sid2, config2 = _runsc_pod(pods, tmp_path, linux=pb.LinuxPodSandboxConfig(
+        security_context=pb.LinuxSandboxSecurityContext(namespace_options=apart)))
+    own = _sleeper(daemon.extra["busybox"], "own")
+    other = container_config(daemon.extra["busybox"], "other", command=["sleep", "2222"])
+    for c in (own, other):
+        c.linux.security_context.namespace_options.CopyFrom(apart)
+    cid = pods.run_container(sid2, own, config2)
+    pods.run_container(sid2, other, config2)
+    ps = pods.exec(cid, ["ps", "-o", "pid,args"]).stdout.decode()
+    assert "sleep 2222" not in ps and "/pause" not in ps, ps
