@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -274,7 +275,7 @@ def _kill_gofers(bundle: str) -> None:
         except OSError:
             continue
         if argv[0] == "runsc-gofer" and "gofer" in argv and any(
-                a == "--bundle" and b == bundle for a, b in zip(argv, argv[1:])):
+                a == "--bundle" and b == bundle for a, b in itertools.pairwise(argv)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry), signal.SIGKILL)
 
