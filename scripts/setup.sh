@@ -18,10 +18,10 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # System packages from Debian. The daemon needs runc, conmon, the CNI plugins and
-# iptables (portmap's host ports); the tests also need a local registry and busybox to
-# build images from.
+# iptables (portmap's host ports), and runsc (gVisor) for the "runsc" runtime handler
+# (sandboxed pods); the tests also need a local registry and busybox to build images from.
 pkgs=(python3 python3-venv python3-dev gcc libc6-dev ca-certificates util-linux mount
-      runc conmon containernetworking-plugins iproute2 iptables)
+      runc conmon containernetworking-plugins iproute2 iptables runsc)
 if [ "$mode" = test ]; then
   pkgs+=(docker-registry busybox-static)
 fi

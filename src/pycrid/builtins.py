@@ -211,6 +211,7 @@ async def _init_runc(ctx: InitContext) -> Any:
                                  systemd_cgroup=systemd, cgroups=cgroups)
             runtimes[name] = runc
             features = await probe_features(runc.runc)
+            spec = dataclasses.replace(spec, runc_binary=runc.runc)  # as found on PATH
         handlers[name] = dataclasses.replace(spec, features=features)
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)
 
