@@ -188,7 +188,8 @@ async def _init_runc(ctx: InitContext) -> Any:
     state = ctx.properties["state"]
     handlers = load_handlers(config, state)
     runtimes: dict[str, ContainerRuntime] = {}
-    cgroups = hierarchy_of(ctx.get_by_id(HOST, "facts").cgroup_mounts)
+    cgroup_mounts = ctx.get_by_id(HOST, "facts").cgroup_mounts
+    cgroups = hierarchy_of(cgroup_mounts)
     systemd = config.cgroup_driver == "systemd"
     for name, spec in handlers.items():
         if spec.runsc is not None:
@@ -197,6 +198,8 @@ async def _init_runc(ctx: InitContext) -> Any:
             runtimes[name] = RunscRuntime(state_dir=state, settings=runsc,
                                           conmon=config.conmon_path, systemd_cgroup=systemd,
                                           cgroups=cgroups, can_update=probe.can_update,
+                                          cgroup_roots=tuple(sorted(
+                                              {m.mount_point for m in cgroup_mounts})),
                                           version=probe.version)
             # gVisor's read-only bind mounts are read-only all the way down.
             features = HandlerFeatures(recursive_read_only_mounts=True,

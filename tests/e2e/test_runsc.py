@@ -34,6 +34,7 @@ from tests.support.images import TestImages
 from tests.support.pods import (
     Pods,
     busybox_daemon,
+    container_cgroups,
     container_config,
     daemon_config,
     leftovers,
@@ -269,9 +270,16 @@ def test_lifecycle_exec_stop_and_events(daemon: Daemon, pods: Pods, tmp_path: Pa
                 timeout=30)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert "runsc" in (e.value.details() or "") and "update" in (e.value.details() or "")
+        # Stopping the pod stops the running container and its sandbox at once: the
+        # container's runsc state and the cgroups runsc made for it go all the same.
         pods.stop_pod(sid)
         assert pods.pod_status(sid).status.state == pb.SANDBOX_NOTREADY
         assert pods.status(cid).status.state == pb.CONTAINER_EXITED
+        pods.remove_pod(sid)
+        ids = {sid, done, polite, stubborn, cid}
+        wait_for(lambda: not container_cgroups(ids), 10, "the pod's cgroups to go")
+        assert not [n for n in os.listdir(os.path.join(daemon.state, "runsc"))
+                    if any(i in n for i in ids)]
     finally:
         events.close()
 

@@ -33,7 +33,7 @@ from pycrid.runtime import interactive, runsc_monitor
 from pycrid.runtime.conmon import ConmonRuntime, _runc_message
 from pycrid.runtime.interface import CreateOptions, RuncState
 from pycrid.runtime.runsc_config import RunscSettings
-from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills
+from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills, relative_cgroup
 from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stdio import ProcessIO
 
@@ -48,6 +48,9 @@ _GONE = ("does not exist", "no such file", "not found", "not running", "no such 
 _ROOT_NETNS = "cannot run with network enabled in root network namespace"
 #: How long a stats read may take (one ``runsc events --stats``).
 _STATS_TIMEOUT = 5.0
+#: runsc's words for a sandbox that is ending, and how often delete tries again meanwhile.
+_DYING = ("connecting to control server", "connection refused")
+_DELETE_TRIES = 30
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ def _object_of(bundle: str, object_id: str, annotations: dict[str, Any]) -> _Obj
 class RunscRuntime(ConmonRuntime):
     def __init__(self, *, state_dir: str, settings: RunscSettings, conmon: str = "",
                  systemd_cgroup: bool = False, cgroups: Hierarchy | None = None,
-                 can_update: bool = False, version: str = "") -> None:
+                 cgroup_roots: tuple[str, ...] = (), can_update: bool = False,
+                 version: str = "") -> None:
         super().__init__(state_dir=state_dir, runc=settings.binary, conmon=conmon,
                          runc_root=settings.root, cgroups=cgroups)
         self.settings = settings
@@ -86,6 +90,9 @@ class RunscRuntime(ConmonRuntime):
         #: runsc has an ``update`` command (gVisor releases from 2026 on).
         self.can_update = can_update
         self.version = version
+        #: Every cgroup hierarchy's mount point (named ones too: runsc makes its
+        #: containers' cgroups in each).
+        self.cgroup_roots = cgroup_roots
         self._objects: dict[str, _Object] = {}
 
     # ---- commands ----------------------------------------------------------------------
@@ -181,14 +188,35 @@ class RunscRuntime(ConmonRuntime):
 
     async def delete(self, object_id: str) -> None:
         obj = self._objects.get(object_id)
-        rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
+        for _ in range(_DELETE_TRIES):
+            rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
+            # A sandbox on its way out (its pod is stopping) refuses its control socket
+            # for a moment before runsc sees it gone and deletes without it.
+            if rc == 0 or not any(s in err for s in _DYING):
+                break
+            await asyncio.sleep(0.1)
         if rc != 0 and not any(s in err for s in _GONE):
             raise Unknown(f"runsc delete {object_id}: {err}")
         if obj is not None and obj.sub:
             # A container deleted before it started: its monitor's child still waits.
             await runsc_monitor.say(obj.bundle, "stop")
+            # runsc made it an empty cgroup (for cAdvisor) and leaves it when the sandbox
+            # died first.
+            await asyncio.to_thread(self._remove_cgroups, obj.bundle, object_id)
         self._objects.pop(object_id, None)
         await self._monitor_ended(object_id)
+
+    def _remove_cgroups(self, bundle: str, object_id: str) -> None:
+        try:
+            with open(os.path.join(bundle, "config.json"), "rb") as f:
+                rel = relative_cgroup(str(json.load(f)["linux"]["cgroupsPath"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if rel is None or object_id not in os.path.basename(rel):
+            return
+        for root in self.cgroup_roots:
+            with contextlib.suppress(OSError):  # gone, or (not ours to force) busy
+                os.rmdir(os.path.join(root, rel))
 
     async def update(self, object_id: str, resources: dict[str, Any]) -> None:
         if not self.can_update:
