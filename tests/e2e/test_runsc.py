@@ -451,3 +451,37 @@ def test_shared_pid_namespace_is_the_sandboxes(daemon: Daemon, pods: Pods, tmp_p
     pods.run_container(sid2, other, config2)
     ps = pods.exec(cid, ["ps", "-o", "pid,args"]).stdout.decode()
     assert "sleep 2222" not in ps and "/pause" not in ps, ps
+
+
+def test_runsc_network_stack_on_this_kernel(tmp_path: Path, registry: LocalRegistry,
+                                            test_images: TestImages) -> None:
+    """A handler configured the way containerd's gVisor docs show it (runtime_type, TypeUrl,
+    ConfigPath naming a runsc.toml), with runsc's own network stack. The runsc Debian ships
+    refuses it on Linux 6.x (it takes the pod's namespace for the host's); then
+    RunPodSandbox says how to fix it and leaves nothing behind. Where it starts, the pod
+    works and goes as cleanly."""
+    toml = tmp_path / "runsc.toml"
+    toml.write_text('[runsc_config]\nnetwork = "sandbox"\n')
+    config = daemon_config(registry, test_images, tmp_path) + (
+        '[plugins."pycrid.cri.v1.runtime".runtimes.netstack]\n'
+        'runtime_type = "io.containerd.runsc.v1"\n'
+        '[plugins."pycrid.cri.v1.runtime".runtimes.netstack.options]\n'
+        'TypeUrl = "io.containerd.runsc.v1.options"\n'
+        f'ConfigPath = "{toml}"\n')
+    with running_daemon(str(tmp_path / "d"), config) as d:
+        pods = Pods(d.client)
+        handlers = json.loads(d.client.runtime.Status(pb.StatusRequest(verbose=True),
+                                                      timeout=10).info["handlers"])
+        assert "--network=sandbox" in handlers["netstack"]["flags"]
+        assert handlers["netstack"]["root"] == os.path.join(d.state, "runsc-netstack")
+        try:
+            sid = pods.run(pod_config(), "netstack")
+        except grpc.RpcError as e:
+            assert "cannot run with network enabled in root network namespace" in (
+                e.details() or ""), e.details()
+            assert 'set network = "host"' in (e.details() or "")
+        else:
+            assert pods.pod_status(sid).status.state == pb.SANDBOX_READY
+            pods.remove_pod(sid)
+        assert leftovers(d.root, d.state) == []
+        assert not processes_mentioning(d.state)

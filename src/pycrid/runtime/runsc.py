@@ -132,11 +132,7 @@ class RunscRuntime(ConmonRuntime):
             pid = await super().create(opts)
         except Unknown as e:
             self._objects.pop(opts.id, None)
-            if _ROOT_NETNS in str(e):
-                raise Unknown(f"{e} (this runsc takes the pod's network namespace for the "
-                              "host's on this kernel; set network = \"host\" in the "
-                              "handler's [runsc_config])") from None
-            raise
+            raise _hinted(e) from None
         if obj.sub:  # the record shows the sandbox's pid, as gVisor's shim reports it
             pid = runsc_monitor.read_pid(runsc_monitor.sandbox_pid_file(opts.bundle)) or pid
         return pid
@@ -146,7 +142,10 @@ class RunscRuntime(ConmonRuntime):
         if obj is None:
             raise NotFound(f"runtime has no container {object_id}")
         if not obj.sub:
-            await super().start(object_id)
+            try:
+                await super().start(object_id)
+            except Unknown as e:
+                raise _hinted(e) from None
             return
         monitor = runsc_monitor.monitor_pid(obj.bundle)
         try:
@@ -290,6 +289,15 @@ class RunscRuntime(ConmonRuntime):
         if not sep:
             return False
         return (oom_kills(self.cgroups, head + ann[_SANDBOX_ID] + tail) or 0) > 0
+
+
+def _hinted(e: Unknown) -> Unknown:
+    """runsc's error, with the way out when its network stack refused the pod's namespace."""
+    if _ROOT_NETNS not in str(e):
+        return e
+    return Unknown(f"{e} (this runsc takes the pod's network namespace for the host's on this "
+                   "kernel, which shows net.core.rmem_default in every namespace; set "
+                   "network = \"host\" in the handler's [runsc_config])")
 
 
 def _kill_gofers(bundle: str) -> None:
