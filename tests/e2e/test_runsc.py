@@ -8,6 +8,7 @@ What shows the container really runs on gVisor's kernel: its ``dmesg`` starts wi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -363,6 +364,7 @@ def test_oom_of_the_pod_is_oomkilled(daemon: Daemon, pods: Pods, tmp_path: Path)
     if not Path("/sys/fs/cgroup/memory").is_dir():
         pytest.skip("no cgroup v1 memory hierarchy here")
     memory.mkdir()
+    made = [memory]  # runsc makes the parent in the other hierarchies
     try:
         (memory / "memory.limit_in_bytes").write_text(str(192 << 20))
         sid, config = _runsc_pod(pods, tmp_path, linux=pb.LinuxPodSandboxConfig(
@@ -374,18 +376,19 @@ def test_oom_of_the_pod_is_oomkilled(daemon: Daemon, pods: Pods, tmp_path: Path)
         assert (st.exit_code, st.reason) == (137, "OOMKilled"), st
         pods.remove_pod(sid)
     finally:
-        wait_for(lambda: not list(memory.glob("*/")) or _rmdirs(memory), 30,
-                 "the pod's cgroups to go")
-        memory.rmdir()
+        made += [p for p in Path("/sys/fs/cgroup").glob(f"*/{parent}") if p != memory]
+        wait_for(lambda: _rmdirs(made), 30, "the test's cgroups to go")
 
 
-def _rmdirs(parent: Path) -> bool:
-    for child in parent.glob("*/"):
-        try:
-            child.rmdir()
-        except OSError:
-            return False
-    return True
+def _rmdirs(parents: list[Path]) -> bool:
+    """Remove each parent and its child cgroups; whether all are gone."""
+    for parent in parents:
+        for child in parent.glob("*/"):
+            with contextlib.suppress(OSError):
+                child.rmdir()
+        with contextlib.suppress(FileNotFoundError, OSError):
+            parent.rmdir()
+    return not any(p.exists() for p in parents)
 
 
 def test_recovery_after_restart_and_kill9(tmp_path: Path, registry: LocalRegistry,
