@@ -321,3 +321,16 @@ def test_monitor_exit_status_is_the_containers(tmp_path: Path) -> None:
 
 def test_say_to_a_gone_monitor_is_false(tmp_path: Path) -> None:
     assert asyncio.run(runsc_monitor.say(str(tmp_path), "start")) is False
+
+
+def test_monitor_gone_never_waits_for_another_process() -> None:
+    from pycrid.runtime.monitor_exit import monitor_gone
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        # A live process that is not this container's conmon (a reused pid): ended.
+        assert asyncio.run(monitor_gone(sleeper.pid, "c" * 64, 5)) is True
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert asyncio.run(monitor_gone(sleeper.pid, "c" * 64, 5)) is True

@@ -130,7 +130,9 @@ class ConmonRuntime(ContainerRuntime):
 
     async def delete(self, object_id: str) -> None:
         if not os.path.isdir(os.path.join(self.runc_root, object_id)):
-            return  # runc knows nothing of it (deleted at its exit, or never created)
+            # runc knows nothing of it (deleted at its exit, or never created).
+            await self._monitor_ended(object_id)
+            return
         rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
         if rc != 0 and "does not exist" not in err:
             raise Unknown(f"{self.name} delete {object_id}: {err}")
