@@ -141,8 +141,9 @@ RUNSC_UNSUPPORTED: dict[str, str] = {
         "gVisor implements System V IPC in its own kernel: a segment made on the host is "
         "not in the sandbox",
     "runtime should support HostNetwork is true":
-        "the spec looks for a port the host listens on in the container's /proc/net/tcp; "
-        "gVisor's lists only the sandbox's own sockets, also on the host network",
+        "the spec looks for a port the host listens on in the container's `netstat -ln` "
+        "(/proc/net/tcp); gVisor's lists only the sandbox's own sockets, also on the "
+        "host's network",
     "runtime should support Privileged is true": _NO_BRIDGE,
     "runtime should support adding capability": _NO_BRIDGE,
     "runtime should support dropping capability":
