@@ -28,7 +28,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from tests.e2e.test_recovery import STARTED, STOPPED, Subscriber
-from tests.e2e.test_streaming import _crictl, _run
+from tests.e2e.test_streaming import _crictl, _in_terminal, _run
 from tests.support import interop
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
@@ -219,6 +219,14 @@ def test_port_forward_and_attach_with_crictl(daemon: Daemon, pods: Pods, tmp_pat
         done = _run([*crictl, "attach", "-i", "-r", transport, cid], stdin=b"one\n")
         assert (done.returncode, done.stdout, done.stderr) == (0, b"got:one\n", b"err:one\n")
         assert pods.wait_state(cid, pb.CONTAINER_EXITED).exit_code == 4
+        # exec -it: runsc exec gets our terminal and sizes the sandboxed process's.
+        shell = pods.run_container(sid, _sleeper(daemon.extra["busybox"], f"tty-{transport}"),
+                                   config)
+        status, screen = _in_terminal([*crictl, "exec", "-it", "-r", transport, shell, "sh"],
+                                      b"stty size; tty; exit 3\r", rows=33, cols=111)
+        lines = screen.replace(b"\r", b"")
+        assert b"\n33 111\n" in lines, screen
+        assert status == 1 and b"command terminated with exit code 3" in screen, screen
 
 
 def test_lifecycle_exec_stop_and_events(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:
