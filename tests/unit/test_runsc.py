@@ -108,6 +108,14 @@ def test_runsc_handler_has_its_own_root_and_pause() -> None:
     assert got["runsc"].runc_binary == got["runsc"].runsc.binary  # type: ignore[union-attr]
 
 
+def test_runsc_options_on_a_runc_handler_are_refused() -> None:
+    config = RuntimeConfig(runtimes={"runc": RuntimeHandlerConfig(
+        options=RuntimeHandlerOptions(ConfigPath="/etc/runsc.toml"))})
+    with pytest.raises(ConfigError) as e:
+        load_handlers(config, "/run/p")
+    assert e.value.key.endswith("runtimes.runc.options.ConfigPath")
+
+
 def test_release_dates_and_capabilities() -> None:
     assert release_date("0.0~20221219.0") == 20221219
     assert release_date("release-20240729.0") == 20240729

@@ -100,6 +100,10 @@ def load_handlers(config: RuntimeConfig, state_dir: str) -> dict[str, HandlerSpe
                                    state_dir, "runsc" if name == "runsc" else f"runsc-{name}"))
             root, binary = runsc.root, runsc.binary
         else:
+            for key in ("TypeUrl", "ConfigPath"):
+                if getattr(h.options, key):
+                    raise ConfigError(f"{_SECTION}.{name}.options.{key}",
+                                      f"is for runtime_type = \"{RUNSC_TYPE}\" only")
             default_root = "runc" if name == config.default_runtime_name else f"runc-{name}"
             root = h.options.Root or os.path.join(state_dir, default_root)
             binary = runc_binary(config, name)
