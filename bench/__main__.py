@@ -63,6 +63,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default all)")
     ap.add_argument("--iterations", type=int, default=30,
                     help="lifecycle rounds and NRI rounds (default 30)")
+    ap.add_argument("--runtime-handler", metavar="NAME", default="",
+                    help="also time this handler's pod start (e.g. runsc) beside the "
+                         "default handler's, in the lifecycle section")
     ap.add_argument("--nri-plugins", type=int_list, default=[0, 1, 5],
                     help="plugin counts to compare; 0 is always added (default 0,1,5)")
     ap.add_argument("--pull-mb", type=int, default=50, help="image size, MiB (default 50)")
@@ -158,7 +161,7 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
                 errors: list[str]) -> dict[str, Section]:
     """The installed sections, then pull on a runtime with no pod left."""
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
-                args.list_sizes, args.list_calls)
+                args.list_sizes, args.list_calls, args.runtime_handler)
     return run_sections(target, idle, plan, RUNC, errors, after={"pull": lambda: pull.run(
         target, args.pull_mb, args.pull_layers, args.pull_rounds)})
 

@@ -18,13 +18,14 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # System packages from Debian. The daemon needs runc, conmon, the CNI plugins and
-# iptables (portmap's host ports), and CRIU for CheckpointContainer and restores (on
-# kernels where Debian's CRIU fails `criu check`, such as Debian 12's 3.17 on kernel 6.x,
-# a newer CRIU is needed: point criu_path at it; Debian's package still brings the
-# libraries one built from source links against); the tests also need a local registry
-# and busybox to build images from.
+# iptables (portmap's host ports), runsc (gVisor) for the "runsc" runtime handler
+# (sandboxed pods), and CRIU for CheckpointContainer and restores (on kernels where
+# Debian's CRIU fails `criu check`, such as Debian 12's 3.17 on kernel 6.x, a newer CRIU
+# is needed: point criu_path at it; Debian's package still brings the libraries one
+# built from source links against); the tests also need a local registry and busybox to
+# build images from.
 pkgs=(python3 python3-venv python3-dev gcc libc6-dev ca-certificates util-linux mount
-      runc conmon criu containernetworking-plugins iproute2 iptables)
+      runc conmon criu containernetworking-plugins iproute2 iptables runsc)
 if [ "$mode" = test ]; then
   pkgs+=(docker-registry busybox-static)
 fi

@@ -132,11 +132,15 @@ async def _init_images(ctx: InitContext) -> Any:
 async def _init_runtime_config(ctx: InitContext) -> Any:
     # The CRI runtime section: read by the runtime, sandbox and CRI plugins.
     from pycrid.config.decode import ConfigError
-    from pycrid.config.schema import RuntimeHandlerConfig
+    from pycrid.config.schema import RUNSC_TYPE, RuntimeHandlerConfig
+    from pycrid.runtime.runsc_config import available as runsc_available
 
     config: RuntimeConfig = ctx.config
     # A config that adds handlers keeps the default runc one, as containerd's does.
     config.runtimes.setdefault("runc", RuntimeHandlerConfig())
+    # gVisor when it is installed: a RuntimeClass with handler runsc then needs no config.
+    if config.discover_runsc and "runsc" not in config.runtimes and runsc_available():
+        config.runtimes["runsc"] = RuntimeHandlerConfig(runtime_type=RUNSC_TYPE)
     if config.default_runtime_name not in config.runtimes:
         raise ConfigError(f'plugins."{CRI}.runtime".default_runtime_name',
                           f"{config.default_runtime_name!r} is not one of runtimes "
@@ -163,28 +167,57 @@ async def _init_host_facts(ctx: InitContext) -> Any:
 
 
 async def _init_runc(ctx: InitContext) -> Any:
-    # One runc (root, binary) per runtime handler, routed by object id.
+    # One runtime (binary, root) per runtime handler, routed by object id: runc under
+    # conmon, or gVisor's runsc under conmon for a handler of that type.
     import dataclasses
 
-    from pycrid.runtime.conmon import ConmonRuntime, find_binary
-    from pycrid.runtime.handlers import RuntimeRouter, load_handlers, probe_features
+    from pycrid.runtime.conmon import ConmonRuntime
+    from pycrid.runtime.handlers import (
+        HandlerFeatures,
+        RuntimeRouter,
+        load_handlers,
+        probe_features,
+    )
+    from pycrid.runtime.interface import ContainerRuntime
+    from pycrid.runtime.runc_checkpoint import CheckpointSupport
+    from pycrid.runtime.runc_cli import find_binary
+    from pycrid.runtime.runsc import RunscRuntime
+    from pycrid.runtime.runsc_config import known_capabilities, probe_runsc
     from pycrid.stats.cgroup_hierarchy import hierarchy_of
 
     config: RuntimeConfig = ctx.get_by_id(CRI, "runtime")
     state = ctx.properties["state"]
     handlers = load_handlers(config, state)
-    runtimes: dict[str, ConmonRuntime] = {}
+    runtimes: dict[str, ContainerRuntime] = {}
     facts = ctx.get_by_id(HOST, "facts")
     cgroups = hierarchy_of(facts.cgroup_mounts)
+    systemd = config.cgroup_driver == "systemd"
     owner = _owner(ctx, "conmon monitors")
     for name, spec in handlers.items():
-        runc = find_binary(spec.runc_binary, "runc", "runtime_path")
-        features = await probe_features(runc)
-        runtimes[name] = ConmonRuntime(state_dir=state, runc=runc,
-                                       conmon=config.conmon_path, runc_root=spec.runc_root,
-                                       systemd_cgroup=config.cgroup_driver == "systemd",
-                                       cgroups=cgroups, owner=owner, criu=facts.criu,
-                                       runc_checkpoints=features.checkpoint)
+        if spec.runsc is not None:
+            runsc = spec.runsc
+            probe = await probe_runsc(runsc.binary)
+            runtimes[name] = RunscRuntime(state_dir=state, settings=runsc,
+                                          conmon=config.conmon_path, systemd_cgroup=systemd,
+                                          cgroups=cgroups, owner=owner, probe=probe,
+                                          cgroup_roots=tuple(sorted(
+                                              {m.mount_point for m in facts.cgroup_mounts})))
+            # gVisor's read-only bind mounts are read-only all the way down.
+            features = HandlerFeatures(recursive_read_only_mounts=True,
+                                       update_resources=probe.can_update)
+            spec = dataclasses.replace(spec, capabilities=known_capabilities(probe.version),
+                                       version=probe.version)
+            log.info("runtime handler %s: gVisor runsc %s at %s (root %s, flags %s)", name,
+                     probe.version, runsc.binary, runsc.root, " ".join(runsc.args("%ID%")))
+        else:
+            runc = find_binary(spec.runc_binary, "runc", "runtime_path")
+            features = await probe_features(runc)
+            runtimes[name] = ConmonRuntime(state_dir=state, runc=runc,
+                                           conmon=config.conmon_path, runc_root=spec.runc_root,
+                                           systemd_cgroup=systemd, cgroups=cgroups,
+                                           owner=owner, checkpoints=CheckpointSupport(
+                                               facts.criu, runc_can=features.checkpoint))
+            spec = dataclasses.replace(spec, runc_binary=runc)  # as found on PATH
         handlers[name] = dataclasses.replace(spec, features=features)
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)
 

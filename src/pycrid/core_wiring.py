@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pycrid.config.schema import RUNSC_TYPE
 from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
 from pycrid.core.containers import ContainerParts
@@ -99,7 +100,8 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                   sandboxes=sandboxes, containers=ctr_store,
                   pod_cgroups_path=lambda rec: anchors.of(rec).cgroups_path,
                   pod_namespaces=controller.namespaces,
-                  read_spec=bundles.read_spec),
+                  read_spec=bundles.read_spec, sandboxed=_gvisor_seccomp(
+                      handlers, runtime_config.default_runtime_name)),
               actions=ContainerActions(
                   apply_resources=lambda cid, res: apply_resources(containers, cid, res),
                   evict=lambda cid, why: evict(containers, cid, why)),
@@ -121,7 +123,10 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                         userns=[n for n, h in handlers.items() if h.features.user_namespaces],
                         drop_infra=runtime_config.drop_infra_ctr and pinned is not None,
                         podsandbox=[n for n, h in runtime_config.runtimes.items()
-                                    if h.sandboxer == "podsandbox"]))
+                                    if h.sandboxer == "podsandbox"],
+                        # gVisor's sandbox is the pod's pause container: always one.
+                        sandboxed=[n for n, h in runtime_config.runtimes.items()
+                                   if h.runtime_type == RUNSC_TYPE]))
     stats = StatsService(pods=pods, containers=containers, snapshotter=images.snapshotter,
                          period=float(runtime_config.stats_collect_period), cgroup_driver=driver,
                          anchor=anchors.of, hierarchy=hierarchy_of(host.cgroup_mounts),
@@ -131,3 +136,13 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
                       handlers=handlers, host=host)
     return CRIService(parts, settings, owner=inputs.owner, layout=orphans.Layout(
         root=root, state=state, exit_dir=runtime.exit_dir))
+
+
+def _gvisor_seccomp(handlers: Mapping[str, HandlerSpec], default: str) -> dict[str, bool]:
+    """The gVisor handlers ("" for the default when it is one), each with whether it applies
+    OCI seccomp policies (runsc --oci-seccomp)."""
+    out = {name: (h.runsc.flag("oci-seccomp") or "false").lower() in ("true", "1")
+           for name, h in handlers.items() if h.runsc is not None}
+    if default in out:
+        out[""] = out[default]
+    return out

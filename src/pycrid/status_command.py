@@ -24,9 +24,6 @@ class Report:
     version: dict[str, str]
     conditions: list[dict[str, Any]]
     info: dict[str, Any]
-    #: Each runtime handler's features, as ``Status`` lists them (the default handler is
-    #: listed a second time under the empty name, as containerd does: left out here).
-    handlers: list[dict[str, Any]]
 
 
 def ask(socket_path: str, timeout: float = 10) -> Report:
@@ -58,11 +55,7 @@ def ask(socket_path: str, timeout: float = 10) -> Report:
                  "api_version": ver.runtime_api_version},
         conditions=[{"type": c.type, "status": c.status, "reason": c.reason,
                      "message": c.message} for c in st.status.conditions],
-        info=info,
-        handlers=[{"name": h.name,
-                   "user_namespaces": h.features.user_namespaces,
-                   "recursive_read_only_mounts": h.features.recursive_read_only_mounts}
-                  for h in st.runtime_handlers if h.name])
+        info=info)
 
 
 def why_unreachable(path: str) -> str:
@@ -143,7 +136,7 @@ def status(socket_path: str, as_json: bool, out: TextIO = sys.stdout) -> int:
            "streaming": info.get("streaming") or {}, "pods": info.get("pods") or {},
            "containers": info.get("containers") or {}, "images": info.get("images") or {},
            "nri": nri, "network": _network(info.get("cniconfig") or {}),
-           "runtime_handlers": report.handlers,
+           "handlers": list((info.get("handlers") or {}).values()),
            "checkpoint": info.get("checkpoint") or {},
            "warnings": info.get("warnings") or []}
     if as_json:
@@ -170,14 +163,6 @@ def _uptime(seconds: float) -> str:
     return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def _handler(h: dict[str, Any]) -> str:
-    """One handler and what its runc can do; user-namespace pods need idmapped mounts."""
-    users = ("user namespaces" if h["user_namespaces"]
-             else "no user namespaces (its runc lacks idmapped mounts: runc 1.2 or later)")
-    rro = ", recursive read-only mounts" if h["recursive_read_only_mounts"] else ""
-    return f"{h['name']}: {users}{rro}"
-
-
 def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     v, d = doc["runtime"], doc["daemon"]
     rows = [("Runtime", f"{v['name']} {v['version']} (CRI {v['api_version']})")]
@@ -200,7 +185,7 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         if c["reason"] or c["message"]:
             text += f" ({c['reason']}: {c['message']})"
         rows.append((c["type"], text))
-    rows.append(("Handlers", "; ".join(_handler(h) for h in doc["runtime_handlers"])))
+    rows += _handler_rows(doc["handlers"])
     net = doc["network"]
     names = ", ".join(f"{n['name']} ({n['source']})" for n in net["networks"])
     rows.append(("CNI networks", names or f"none in {net['conf_dir']}"))
@@ -239,6 +224,29 @@ def _checkpoint(cp: dict[str, Any]) -> str:
     text += f"handlers {', '.join(able)}" if able else "no handler can"
     refused = [f"{n}: {why}" for n, why in handlers.items() if why]
     return text + (f"; not {'; '.join(refused)}" if refused else "")
+
+
+def _handler_rows(handlers: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    rows = [("Runtime handlers", ", ".join(
+        h["name"] + (" (default)" if h["default"] else "") for h in handlers) or "none")]
+    for h in handlers:
+        kind = (f"gVisor runsc {h['version']}".rstrip() if h["sandboxed"]
+                else "runc under conmon")
+        can = [what for what, yes in (("user namespaces", h["user_namespaces"]),
+                                      ("recursive read-only mounts",
+                                       h["recursive_read_only_mounts"]),
+                                      ("resource updates", h["update_resources"])) if yes]
+        if not h["user_namespaces"] and not h["sandboxed"]:
+            # What user-namespace pods need of a runc (docs/user-namespaces.md).
+            can.insert(0, "no user namespaces (its runc lacks idmapped mounts: runc 1.2 "
+                          "or later)")
+        pause = "always with" if h["pod_sandbox"] == "pause" else "with or without"
+        text = (f"{kind}, {h['binary']}, pods {pause} a pause; "
+                f"{', '.join(can) or 'no user namespaces, rro mounts or resource updates'}")
+        if h["flags"]:
+            text += f"; flags {' '.join(h['flags'])}"
+        rows.append((f"  {h['name']}", text))
+    return rows
 
 
 def _print_rows(out: TextIO, rows: list[tuple[str, str]]) -> None:

@@ -18,8 +18,8 @@ from tests.support.pods import Pods, command_lines, container_cgroups
 
 #: Processes the suite starts that must be gone at its end (when their command line
 #: names the session's temporary directory).
-WATCHED = ("pycrid serve", "pycrid.cli", "conmon", "runc", "nri-", "critest", "crictl",
-           "kubelet")
+WATCHED = ("pycrid serve", "pycrid.cli", "conmon", "runc", "runsc", "nri-", "critest",
+           "crictl", "kubelet")
 
 
 def _ancestors() -> set[int]:

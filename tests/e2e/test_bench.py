@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ PROJECT = Path(__file__).resolve().parents[2]
 ITERATIONS, PULL_ROUNDS, RSS_PODS, LIST_CALLS = 2, 1, 2, 3
 LIST_SIZES = (3, 6)
 SECTIONS = ("lifecycle", "nri", "pull", "rss", "list")
+#: The endpoint test also times gVisor's pod start where runsc is installed.
+RUNSC = shutil.which("runsc") is not None
 
 
 def _positive(v: Any) -> bool:
@@ -144,7 +147,8 @@ def test_bench_endpoint(tmp_path: Path, registry: LocalRegistry,
         r = subprocess.run([sys.executable, "-m", "bench", "--endpoint", f"unix://{d.address}",
                             "--nri-socket", nri_paths(str(base))["socket_path"],
                             "--sections", "lifecycle,nri,rss", "--iterations", "1",
-                            "--rss-pods", "1", "--nri-plugins", "1", "--json", str(out)],
+                            "--rss-pods", "1", "--nri-plugins", "1", "--json", str(out),
+                            *(["--runtime-handler", "runsc"] if RUNSC else [])],
                            cwd=PROJECT, env={**os.environ, "TMPDIR": str(tmp_path)},
                            stdin=subprocess.DEVNULL, capture_output=True, text=True,
                            timeout=240, check=False)
@@ -158,6 +162,11 @@ def test_bench_endpoint(tmp_path: Path, registry: LocalRegistry,
         assert set(result["sections"]) == {"lifecycle", "nri", "rss"}
         for name, sec in result["sections"].items():
             assert sec["skipped"] is None, (name, sec["skipped"])
+        if RUNSC:  # gVisor's pod start beside the default handler's
+            lc = result["sections"]["lifecycle"]
+            fig = lc["figures"]["pod start runsc (Run+Create+Start)"]
+            assert fig["floor"] == "pod start (Run+Create+Start)" and _positive(fig["ratio"])
+            assert lc["runtime_handler"] == "runsc"
         nri = result["sections"]["nri"]["figures"]["CreateContainer, 1 NRI plugin"]
         assert _positive(nri["ratio"])
         assert result["sections"]["rss"]["figures"]["monitor processes"]["median"] == 1

@@ -25,12 +25,14 @@ import contextlib
 import json
 import re
 import resource
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
@@ -379,3 +381,42 @@ def test_go_plugins_get_shutdown_and_exit_with_the_daemon(
                     "plugin exited with error ttrpc: server closed",
                     "plugin exited (ttrpc: server closed)"}
             assert (code, bool(ends & set(plugin.lines()))) == (1, True), plugin.lines()[-5:]
+
+
+@pytest.mark.skipif(shutil.which("runsc") is None,
+                    reason="runsc (gVisor) is not installed: apt-get install runsc")
+def test_go_plugins_with_a_gvisor_pod(go: GoEnv, pods: Pods) -> None:
+    """The same real plugins and a pod of the runsc handler (offered without config): they
+    see its lifecycle, what gVisor honours (rlimits, mounts, env) reaches the sandboxed
+    process, and what it would drop (a device node) fails the create naming the field."""
+    start = {key: len(p.raw()) for key, p in go.plugins.items()}
+    pod = pod_config(annotations={
+        "ulimits.noderesource.dev/container.work":
+            f"- type: nofile\n  soft: {NOFILE[0]}\n  hard: {NOFILE[1]}\n",
+        "devices.noderesource.dev/container.devs":
+            "- path: /dev/nri-null\n  type: c\n  major: 1\n  minor: 3\n  file_mode: 438\n"})
+    sid = pods.run(pod, "runsc")
+    cid = pods.run_container(sid, sleeper(go.busybox, "work"), pod)
+    assert "Starting gVisor" in pods.exec(cid, ["busybox", "dmesg"]).stdout.decode()
+    # gVisor (2022) has no /proc/PID/limits: the shell's ulimit reads them.
+    limits = pods.exec(cid, ["sh", "-c", "ulimit -Sn; ulimit -Hn"]).stdout.decode().split()
+    assert tuple(map(int, limits)) == NOFILE, limits
+    env = pods.exec(cid, ["env"]).stdout.decode().splitlines()
+    assert any(x.startswith("NRI_LOGGER=logger-pid-") for x in env), env
+    with pytest.raises(grpc.RpcError) as e:
+        pods.create(sid, sleeper(go.busybox, "devs"), pod)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    assert "NRI adjustment linux.devices" in (e.value.details() or ""), e.value.details()
+    assert not [c for c in pods.rt.ListContainers(pb.ListContainersRequest(), timeout=10)
+                .containers if c.pod_sandbox_id == sid and c.metadata.name == "devs"]
+    pods.stop(cid, timeout=10)
+    pods.remove(cid)
+    pods.stop_pod(sid)
+    pods.remove_pod(sid)
+    logger = go.plugins["logger"]
+    want = [("RunPodSandbox", sid), ("CreateContainer", cid), ("PostCreateContainer", cid),
+            ("StartContainer", cid), ("PostStartContainer", cid), ("StopContainer", cid),
+            ("RemoveContainer", cid), ("StopPodSandbox", sid), ("RemovePodSandbox", sid)]
+    seen = wait_for(lambda: (ev := lifecycle_of(logger.lines(start["logger"]), sid, cid))
+                    and ev[-1] == want[-1] and ev, 20, "nri-logger to log RemovePodSandbox")
+    assert seen == want, seen

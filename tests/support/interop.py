@@ -89,6 +89,24 @@ def push_layout(registry: LocalRegistry, images_dir: Path | None = None) -> int:
     return pushed
 
 
+def push_as(registry: LocalRegistry, name: str, as_name: str) -> str:
+    """Push the layout's image ``name`` (a repository:tag of refs.txt) as ``as_name`` (one
+    that cannot clash with the suite's own images); its reference in ``registry``."""
+    layout = ROOT / "images" / "oci"
+    image = next(i for i in layout_images() if name in i.names)
+    manifest = _blob(layout, image.digest)
+    doc = json.loads(manifest)
+    repo, _, tag = as_name.rpartition(":")
+    client = registry.client()
+    for digest in [doc["config"]["digest"], *(layer["digest"] for layer in doc["layers"])]:
+        _upload(client, layout, repo, digest)
+    resp = client.request("PUT", f"/v2/{repo}/manifests/{tag}", body=manifest,
+                          headers={"Content-Type": image.media_type})
+    if resp.status != 201:
+        raise RegistryError(f"manifest {as_name}: {resp.status} {resp.body!r}")
+    return f"{registry.host}/{as_name}"
+
+
 def _upload(client: RegistryClient, layout: Path, repo: str, digest: str) -> None:
     if client.request("HEAD", f"/v2/{repo}/blobs/{digest}").status == 200:
         return

@@ -159,7 +159,8 @@ def processes_mentioning(text: str) -> list[str]:
 def leftovers(root: str, state: str) -> list[str]:
     """Everything a daemon with this root and state left behind for pods and containers:
     mounts, monitor/runtime processes, container cgroups, netns, bundles, exit files,
-    runc state, writable snapshots, CNI cache entries and pod IPs still allocated."""
+    runc (and runsc) state, writable snapshots, CNI cache entries and pod IPs still
+    allocated."""
     import sqlite3
 
     from tests.support.daemon import daemon_ids, mounts_under
@@ -171,7 +172,8 @@ def leftovers(root: str, state: str) -> list[str]:
     for d in (os.path.join(state, "netns"), os.path.join(state, "containers"),
               os.path.join(state, "sandboxes"), os.path.join(root, "containers"),
               os.path.join(root, "sandboxes"), os.path.join(state, "exits"),
-              os.path.join(state, "runc"), os.path.join(root, "cni", "results")):
+              os.path.join(state, "runc"), os.path.join(state, "runsc"),
+              os.path.join(root, "cni", "results")):
         if os.path.isdir(d):
             found += [f"file {os.path.join(d, n)}" for n in os.listdir(d)]
     found += [f"pod IP {ip}" for ip in allocated_ips(os.path.dirname(root))]

@@ -31,6 +31,8 @@ _ROUTES = {
     "container_annotation_globs": ("handler", "container_annotations"),
     "privileged_without_host_devices": ("handler", "privileged_without_host_devices"),
     "rro_supported": ("handler", "rro_supported"),
+    "sandboxed": ("handler", "sandboxed"),
+    "handler_capabilities": ("handler", "capabilities"),
 }
 
 

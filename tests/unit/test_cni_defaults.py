@@ -36,7 +36,8 @@ def _runtime(data: dict[str, object]) -> RuntimeConfig:
 
 def test_cni_keys_and_handlers() -> None:
     config = _runtime({"cni": {"conf_dir": "/x/net.d", "max_conf_num": 0},
-                       "runtimes": {"isolated": {"cni_conf_dir": "/y/net.d"}}})
+                       "runtimes": {"isolated": {"cni_conf_dir": "/y/net.d"}},
+                       "discover_runsc": False})
     assert config.cni.conf_dir == "/x/net.d" and config.cni.max_conf_num == 0
     assert config.cni.bin_dirs == ["/opt/cni/bin", "/usr/lib/cni"]
     out = asyncio.run(_init_runtime_config(SimpleNamespace(config=config)))  # type: ignore[arg-type]

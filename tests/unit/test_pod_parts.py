@@ -14,7 +14,8 @@ from pycrid.core.containers.create import parse_signal
 from pycrid.errors import InvalidArgument
 from pycrid.host.facts import own_oom_score_adj
 from pycrid.network.netns import create_netns, is_pinned, remove_netns
-from pycrid.runtime.conmon import _CappedSink, _runc_message
+from pycrid.runtime.runc_cli import CappedSink as _CappedSink
+from pycrid.runtime.runc_cli import runc_message as _runc_message
 from pycrid.sandbox.files import resolv_conf
 
 # ---- pause: resolv.conf and oom_score_adj --------------------------------------------

@@ -70,9 +70,10 @@ def test_systemd_driver_needs_systemd(tmp_path: Path) -> None:
 def test_runtime_binaries_not_on_the_search_path(monkeypatch: pytest.MonkeyPatch,
                                                  tmp_path: Path) -> None:
     from pycrid.errors import Unavailable
-    from pycrid.runtime import conmon
+    from pycrid.host import binaries
+    from pycrid.runtime import runc_cli as conmon
 
-    monkeypatch.setattr(conmon, "_SEARCH_PATH", str(tmp_path))
+    monkeypatch.setattr(binaries, "SEARCH_PATH", str(tmp_path))
     with pytest.raises(Unavailable) as e:
         conmon.find_binary("", "conmon", "conmon_path")
     assert str(e.value) == (f"conmon binary not found in {tmp_path}; install it (Debian/Ubuntu: "

@@ -18,7 +18,8 @@ own; numbers never fail it. Needs root and runc.
 
 sections and their floors:
   lifecycle  RunPodSandbox (pod network), Create/Start/Stop/RemoveContainer (`sleep
-             3600`), Stop/RemovePodSandbox, and RunPodSandbox hostNetwork, beside
+             3600`), Stop/RemovePodSandbox, and RunPodSandbox hostNetwork (with
+             --runtime-handler, that handler's pod start too, beside the default's), beside
              `runc create` + `runc start` of an equivalent bundle timed in the same loop:
              pycrid's base spec, a private runc --root, cgroup /<run dir>/<id>, running the
              host's `sleep 3600` on a root that is an empty read-only directory of this
@@ -78,6 +79,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--config", "-c", help="pycrid config file read for the default endpoint")
     ap.add_argument("--sections", type=section_list(SECTIONS), default=list(SECTIONS),
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default all)")
+    ap.add_argument("--runtime-handler", metavar="NAME", default="",
+                    help="also time the pod start of this runtime handler (e.g. runsc) in the "
+                         "lifecycle section, beside the default handler's")
     ap.add_argument("--iterations", type=int, default=20,
                     help="lifecycle rounds and NRI rounds (default 20)")
     ap.add_argument("--nri-socket", metavar="PATH",

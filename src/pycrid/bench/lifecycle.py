@@ -36,10 +36,31 @@ FLOORS = (RUNC_CS, "runc create", "runc start")
 SLEEP = ["sleep", "3600"]
 
 
-def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None) -> None:
+def handler_figures(handler: str) -> tuple[str, str, str]:
+    """The names of a handler's pod start, RunPodSandbox and Create+Start figures."""
+    return (f"pod start {handler} (Run+Create+Start)", f"RunPodSandbox {handler}",
+            f"{CREATE_START} {handler}")
+
+
+def _handler_start(target: Target, handler: str, cfg: object, got: dict[str, float]) -> None:
+    """The usual pod's start under another runtime handler (e.g. runsc), then its end."""
+    pods = target.pods
+    start, run, create_start = handler_figures(handler)
+    pod = pod_config(f"bench-{handler}-" + secrets.token_hex(4))
+    got[run], sid = timed(lambda: pods.run(pod, handler))
+    got[create_start], cid = timed(lambda: pods.create(sid, cfg, pod))
+    got[create_start] += timed(lambda: pods.start(cid))[0]
+    got[start] = got[run] + got[create_start]
+    pods.stop_pod(sid)
+    pods.remove_pod(sid)
+
+
+def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None,
+              handler: str = "") -> None:
     """One CRI pod lifecycle (the kubelet's usual pod: no shared PID namespace), one
     hostNetwork pod start (the pod without CNI), one RunPodSandbox with a shared PID
-    namespace and one runc create/start/delete; ``samples=None`` is a warm-up."""
+    namespace, the usual pod's start under ``handler`` if given, and one runc
+    create/start/delete; ``samples=None`` is a warm-up."""
     got: dict[str, float] = {}
     pods = target.pods
     pod = pod_config("bench-" + secrets.token_hex(4))
@@ -63,6 +84,8 @@ def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None
     got["RunPodSandbox shared PID"], pid_pod = timed(lambda: pods.run(shared))
     pods.stop_pod(pid_pod)
     pods.remove_pod(pid_pod)
+    if handler:
+        _handler_start(target, handler, cfg, got)
 
     rid = "bench-" + secrets.token_hex(6)
     runc.config_for(rid)
@@ -80,16 +103,17 @@ def one_round(target: Target, runc: Runc, samples: dict[str, list[float]] | None
             samples.setdefault(name, []).append(ms)
 
 
-def run(target: Target, runc_binary: str, iterations: int, warmup: int = 1) -> Section:
+def run(target: Target, runc_binary: str, iterations: int, warmup: int = 1,
+        handler: str = "") -> Section:
     sec = Section("lifecycle")
     runc = Runc.of_run(target.base, runc_binary)
     samples: dict[str, list[float]] = {}
     try:
         runc.prepare(SLEEP)
         for _ in range(warmup):
-            one_round(target, runc, None)
+            one_round(target, runc, None, handler)
         for i in range(iterations):
-            one_round(target, runc, samples)
+            one_round(target, runc, samples, handler)
             print(f"\rlifecycle {i + 1}/{iterations}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
     finally:
@@ -98,6 +122,17 @@ def run(target: Target, runc_binary: str, iterations: int, warmup: int = 1) -> S
         sec.floor(name, samples[name])
     for name, floor in FIGURES.items():
         sec.figure(name, samples[name], floor=floor)
+    if handler:
+        # The default handler's pod start is this figure's floor: what the other handler
+        # adds to the same pod's start.
+        start, run_pod, create_start = handler_figures(handler)
+        sec.floor(POD_START, samples[POD_START])
+        sec.floor(CREATE_START, samples[CREATE_START])
+        sec.floor("RunPodSandbox", samples["RunPodSandbox"])
+        sec.figure(start, samples[start], floor=POD_START)
+        sec.figure(run_pod, samples[run_pod], floor="RunPodSandbox")
+        sec.figure(create_start, samples[create_start], floor=CREATE_START)
+        sec.extra["runtime_handler"] = handler
     sec.notes.append("StopContainer of `sleep 3600` with timeout 0; the runc floor: pycrid's "
                      "base spec, no conmon, no CNI, root = an empty read-only directory with "
                      "the host's /usr bind-mounted read-only by runc, running the host's "

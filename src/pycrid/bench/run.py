@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     base = Path(tempfile.mkdtemp(prefix="pycrid-bench-"))
     t_start = time.monotonic()
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
-                args.list_sizes, args.list_calls)
+                args.list_sizes, args.list_calls, args.runtime_handler)
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "runtime": {"endpoint": endpoint, **asked.version, "daemon_pid": pid,

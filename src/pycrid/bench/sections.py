@@ -25,6 +25,9 @@ class Plan:
     rss_pods: int
     list_sizes: list[int]
     list_calls: int
+    #: A runtime handler whose pod start the lifecycle section times beside the default
+    #: one's (e.g. runsc); "" for none.
+    handler: str = ""
 
 
 def run_sections(target: Target, idle: rss.Idle | None, plan: Plan, runc: str,
@@ -58,7 +61,7 @@ def run_sections(target: Target, idle: rss.Idle | None, plan: Plan, runc: str,
             fleet.remove()
     if "lifecycle" in want:
         done["lifecycle"] = guarded("lifecycle", lambda: lifecycle.run(
-            target, runc, plan.iterations), errors)
+            target, runc, plan.iterations, handler=plan.handler), errors)
     if "nri" in want:
         done["nri"] = guarded("nri", lambda: nri.run(
             target, plan.nri_plugins, plan.iterations, plan.seed), errors)

@@ -170,23 +170,42 @@ class CNIConfig:
                        one_of("ipv4", "ipv6", "cni"))
 
 
+#: runtime_type of a runc handler (runc watched by conmon, containerd's runc shim's name).
+RUNC_TYPE = "io.containerd.runc.v2"
+#: runtime_type of a gVisor handler (runsc watched by conmon; the name of gVisor's own
+#: containerd shim, whose options, TypeUrl and ConfigPath, it takes too).
+RUNSC_TYPE = "io.containerd.runsc.v1"
+
+
 @dataclass
 class RuntimeHandlerOptions:
-    """``[...runtimes.NAME.options]``: containerd's runc options that pycrid honours."""
+    """``[...runtimes.NAME.options]``: the options of containerd's runc shim (BinaryName,
+    Root) and of gVisor's runsc shim (TypeUrl, ConfigPath) that pycrid honours."""
 
-    BinaryName: str = cfg("", "This handler's runc binary (empty: the section's runtime_path).",
-                          _abs_or_empty)
-    Root: str = cfg("", "This handler's runc state root (empty: <state>/runc for the default\n"
-                    "handler, <state>/runc-NAME for the others).", _abs_or_empty)
+    BinaryName: str = cfg("", "This handler's runc (or runsc) binary (empty: the section's\n"
+                          "runtime_path for runc; for runsc the config file's binary_name,\n"
+                          "else runsc on the search path).", _abs_or_empty)
+    Root: str = cfg("", "This handler's runc (or runsc) state root (empty: <state>/runc for\n"
+                    "the default handler, <state>/runc-NAME for the others, <state>/runsc-NAME\n"
+                    "for runsc; for runsc the config file's root wins).", _abs_or_empty)
+    TypeUrl: str = cfg("", "runsc only, as containerd's gVisor config writes it:\n"
+                       "\"io.containerd.runsc.v1.options\" (or empty).",
+                       one_of("", "io.containerd.runsc.v1.options"))
+    ConfigPath: str = cfg(
+        "", "runsc only: gVisor's runsc.toml (binary_name, root, and a [runsc_config] table\n"
+        "of runsc flags, e.g. platform = \"kvm\", debug = \"true\", debug-log =\n"
+        "\"/var/log/runsc/%ID%/\"; %ID% is the pod's id). Read at start.", _abs_or_empty)
 
 
 @dataclass
 class RuntimeHandlerConfig:
     """One runtime handler (RuntimeClass): ``[plugins."pycrid.cri.v1.runtime".runtimes.NAME]``."""
 
-    runtime_type: str = cfg("io.containerd.runc.v2", "Only runc (watched by conmon) for now.",
-                            one_of("io.containerd.runc.v2"))
-    options: RuntimeHandlerOptions = cfg(RuntimeHandlerOptions(), "runc binary and root.")
+    runtime_type: str = cfg(
+        RUNC_TYPE, f"{RUNC_TYPE}: runc watched by conmon. {RUNSC_TYPE}: gVisor's runsc, one\n"
+        "sandbox (application kernel) per pod, its containers inside it.",
+        one_of(RUNC_TYPE, RUNSC_TYPE))
+    options: RuntimeHandlerOptions = cfg(RuntimeHandlerOptions(), "Binary, root, runsc config.")
     snapshotter: str = cfg("", "Snapshotter of this handler's containers (empty: the images\n"
                            "section's; only overlayfs exists).", one_of("", "overlayfs"))
     base_runtime_spec: str = cfg(
@@ -205,7 +224,8 @@ class RuntimeHandlerConfig:
     sandboxer: str = cfg(
         "", "How this handler's pods are held (containerd's key): \"podsandbox\" always runs\n"
         "a pause container (for a runtime that needs a sandbox process); \"\" follows\n"
-        "drop_infra_ctr.", one_of("", "podsandbox"))
+        "drop_infra_ctr. runsc pods always run a pause container (the sandbox).",
+        one_of("", "podsandbox"))
 
 
 def _seccomp_profile(v: Any) -> str | None:
@@ -233,6 +253,11 @@ class RuntimeConfig:
     runtimes: dict[str, RuntimeHandlerConfig] = cfg(
         {"runc": RuntimeHandlerConfig()}, "Runtime handlers by name (RunPodSandbox's\n"
         "runtime_handler).")
+    discover_runsc: bool = cfg(
+        True, "Offer a runtime handler named \"runsc\" (gVisor, runtime_type\n"
+        "io.containerd.runsc.v1 with no options) when no handler has that name and a runsc\n"
+        "binary is on the search path, so a RuntimeClass with handler: runsc works without\n"
+        "any config. A handler configured under that name replaces it; false offers none.")
     cni: CNIConfig = cfg(CNIConfig(), "Pod networking with CNI plugins.")
     unset_seccomp_profile: str = cfg(
         "", "Seccomp profile of pods and containers whose request names none: \"\" (no\n"

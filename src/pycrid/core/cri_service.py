@@ -30,7 +30,14 @@ from pycrid.core.pods import pause_exit
 from pycrid.core.pods.pod_parts import PodParts
 from pycrid.core.pods.recover import check_networks, recover_pods
 from pycrid.core.stats_queries import StatsService
-from pycrid.core.status_info import CheckpointInfo, DaemonInfo, ImageInfo, NRIInfo, StatusInfo
+from pycrid.core.status_info import (
+    CheckpointInfo,
+    DaemonInfo,
+    HandlerInfo,
+    ImageInfo,
+    NRIInfo,
+    StatusInfo,
+)
 from pycrid.events.monitor import ExitMonitor
 from pycrid.host.facts import HostFacts
 from pycrid.images.image_service import ImageService
@@ -229,7 +236,7 @@ class CRIService:
             # Counts by CRI state and the NRI plugins, for `pycrid status` / `nri plugins`.
             pods=self.pod_counts(), containers=self.container_counts(),
             nri=self._nri_info(), daemon=self._daemon_info(), images=self._image_info(),
-            checkpoint=self._checkpoint_info())
+            checkpoint=self._checkpoint_info(), handlers=self._handler_info())
 
     def _checkpoint_info(self) -> CheckpointInfo:
         criu = self.host.criu
@@ -237,6 +244,20 @@ class CRIService:
             criu=criu.path, criu_version=criu.version, criu_error=criu.error,
             handlers={name: self.runtime.checkpoint_refusal(name) or ""
                       for name in sorted(self.handlers)})
+
+    def _handler_info(self) -> tuple[HandlerInfo, ...]:
+        default, pods = self.runtime_config.default_runtime_name, self.pods.handlers
+        return tuple(HandlerInfo(
+            name=name, runtime_type=h.runtime_type, binary=h.runc_binary, root=h.runc_root,
+            default=name == default, sandboxed=h.sandboxed,
+            pod_sandbox="pause" if name in pods.podsandbox or not pods.drop_infra
+            else "drop_infra_ctr",
+            recursive_read_only_mounts=h.features.recursive_read_only_mounts,
+            user_namespaces=h.features.user_namespaces,
+            update_resources=h.features.update_resources, version=h.version,
+            flags=tuple(h.runsc.args("%ID%")) if h.runsc is not None else (),
+            config_path=h.runsc.config_path if h.runsc is not None else "")
+            for name, h in sorted(self.handlers.items()))
 
     def _daemon_info(self) -> DaemonInfo:
         cfg = self.config

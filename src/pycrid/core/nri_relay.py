@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pycrid import __version__
@@ -41,6 +41,7 @@ from pycrid.nri.adaptation.call_accounting import PluginInstruments
 from pycrid.oci.cdi import CdiRegistry
 from pycrid.oci.nri_apply import apply_adjustment
 from pycrid.oci.nri_host_support import HostSupport
+from pycrid.oci.nri_sandboxed import refuse_unhonoured
 from pycrid.oci.spec import Namespaces
 from pycrid.store.records import ContainerRecord, RecordStore, SandboxRecord
 from pycrid.tasks import Owner
@@ -64,6 +65,9 @@ class RelaySources:
     pod_namespaces: Callable[[SandboxRecord], Namespaces | None]
     #: A container's spec as its bundle holds it (ContainerBundles.read_spec).
     read_spec: Callable[[str], dict[str, Any]]
+    #: gVisor handlers by name ("" names the default), each with whether it applies OCI
+    #: seccomp policies: adjustments their containers cannot have are refused.
+    sandboxed: Mapping[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class NRI:
         self._pod_cgroups_path = sources.pod_cgroups_path
         self._pod_namespaces = sources.pod_namespaces
         self._read_spec = sources.read_spec
+        self._sandboxed = dict(sources.sandboxed)
         self.actions = actions
         self.host = host
         self.cdi = cdi or CdiRegistry()
@@ -246,6 +251,10 @@ class NRI:
         result = await self.adaptation.create_container(self._pod_of(rec.sandbox_id), ctr)
         if result is None:
             return
+        pod = self.sandboxes.get(rec.sandbox_id)
+        seccomp = self._sandboxed.get(pod.runtime_handler) if pod is not None else None
+        if seccomp is not None:
+            refuse_unhonoured(result.adjust, seccomp=seccomp)
         apply_adjustment(spec, result.adjust, self.host, self.cdi)
         self._ctrs[rec.id] = container_object(rec, spec)
         failed = await self.update_containers(result.updates)

@@ -100,6 +100,10 @@ class StatsService:
 
     def _container_target(self, rec: ContainerRecord) -> Target:
         pod = self.pods.store.get(rec.sandbox_id)
+        reader = self.containers.runtime.own_stats(rec.id)
+        if reader is not None:  # inside a gVisor sandbox: the runtime measures it
+            sandbox = self.anchor(pod).cgroups_path if pod is not None else ""
+            return Target(id=rec.id, cgroups_path=sandbox, layer_key=rec.id, reader=reader)
         parent = pod.config.linux.cgroup_parent if pod is not None else ""
         try:
             fallback = cgroups_path(parent, rec.id, self.cgroup_driver)
@@ -158,9 +162,13 @@ class StatsService:
         ctrs = await self._views(self.containers.of_sandbox(rec.id))
         ctrs = [c for c in ctrs if not c.record.creating]
         pause = self.sampler.latest(rec.id)
-        members = [s for s in [pause, *(c.sample for c in ctrs)] if s is not None]
+        # A gVisor pod's pause cgroup runs its whole sandbox: it is the pod's usage.
+        whole = self.pods.handlers.is_sandboxed(rec.runtime_handler)
+        members = [s for s in [pause, *([] if whole else (c.sample for c in ctrs))]
+                   if s is not None]
         usage = sum_cgroups([s.cgroup for s in members if s.cgroup is not None])
-        rates = [self.sampler.nano_cores(rec.id), *(c.nano_cores for c in ctrs)]
+        rates = [self.sampler.nano_cores(rec.id),
+                 *([] if whole else (c.nano_cores for c in ctrs))]
         return PodStatsView(
             record=rec, timestamp=max((s.timestamp for s in members), default=time.time_ns()),
             usage=usage, nano_cores=sum_rates(rates),

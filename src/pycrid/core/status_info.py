@@ -56,6 +56,30 @@ class CheckpointInfo:
 
 
 @dataclass(frozen=True)
+class HandlerInfo:
+    """One runtime handler (RuntimeClass) and what it can do."""
+
+    name: str
+    runtime_type: str
+    #: Its runc (or runsc) and state root.
+    binary: str
+    root: str
+    default: bool
+    #: Pods run in an application kernel (gVisor): one sandbox per pod.
+    sandboxed: bool
+    #: "pause" (always a pause container) or "drop_infra_ctr" (only when needed).
+    pod_sandbox: str
+    recursive_read_only_mounts: bool
+    user_namespaces: bool
+    #: UpdateContainerResources can change a running container's limits.
+    update_resources: bool
+    #: runsc's version and flags (%ID% is the pod's id), and the runsc.toml read.
+    version: str = ""
+    flags: tuple[str, ...] = ()
+    config_path: str = ""
+
+
+@dataclass(frozen=True)
 class StatusInfo:
     #: The effective config.
     config: Config
@@ -72,3 +96,4 @@ class StatusInfo:
     daemon: DaemonInfo
     images: ImageInfo
     checkpoint: CheckpointInfo
+    handlers: tuple[HandlerInfo, ...] = ()

@@ -34,7 +34,15 @@ def status_info_map(info: StatusInfo, streaming_url: str) -> dict[str, str]:
         "images": json.dumps(_jsonable(info.images)),
         "checkpoint": json.dumps(_jsonable(info.checkpoint)),
         "streaming": json.dumps(streaming),
+        # Each runtime handler (RuntimeClass) by name, with what it can do: an object, so
+        # `crictl info` shows it parsed (it parses objects only), under a key of its own
+        # (crictl prints the CRI's own handler list as "runtimeHandlers").
+        "handlers": json.dumps(_by_name(info)),
     }
+
+
+def _by_name(info: StatusInfo) -> dict[str, object]:
+    return {h.name: _jsonable(h) for h in info.handlers}
 
 
 def _jsonable(obj: object) -> object:

@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 from dataclasses import dataclass
 
-#: Where the binary is looked for when the config names none (runc's own lookup is its
-#: PATH; the daemon's search path is the one runc and conmon are found on).
-SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+from pycrid.host import binaries
+
 #: go-criu's PodCriuVersion (3.16): what containerd and CRI-O require for pods.
 MIN_VERSION = (3, 16)
 #: How long ``criu check`` may take before it counts as failed.
@@ -66,7 +64,7 @@ def resolve(configured: str) -> str:
     """The configured binary, else ``criu`` on the search path; "" when there is none."""
     if configured:
         return configured if os.path.isfile(configured) and os.access(configured, os.X_OK) else ""
-    return shutil.which("criu", path=SEARCH_PATH) or ""
+    return binaries.which("criu")
 
 
 async def _run(*argv: str) -> tuple[int, str]:
@@ -89,7 +87,7 @@ async def probe(configured: str, key: str = "criu_path") -> CriuSupport:
     path = resolve(configured)
     if not path:
         where = (f"{configured!r} (config {key}) does not exist or is not executable"
-                 if configured else f"no criu binary in {SEARCH_PATH} (config {key})")
+                 if configured else f"no criu binary in {binaries.SEARCH_PATH} (config {key})")
         return CriuSupport(error=f"CRIU is not installed: {where}")
     try:
         rc, out = await _run(path, "--version")

@@ -124,7 +124,7 @@ def container_spec(req: ContainerSpecRequest, image: ImageInput, *,
         base = [sys_bind() if m["destination"] == "/sys" else m for m in base]
     mounts, propagation = container_mounts(
         base, cgroup_mount, config, req.files, volumes,
-        rro_supported=handler.rro_supported, userns=userns)
+        handler=handler, userns=userns)
     spec["mounts"] = mounts
     if propagation:
         linux["rootfsPropagation"] = propagation
@@ -139,11 +139,15 @@ def container_spec(req: ContainerSpecRequest, image: ImageInput, *,
     if req.devices:
         linux["devices"] = [d.linux_device() for d in req.devices]
         linux["resources"]["devices"] += [d.rule() for d in req.devices]
+    known = handler.capabilities
+    host_caps = [c for c in host.capabilities if known is None or c in known]
     proc["capabilities"] = capabilities(
         sc.capabilities if sc.HasField("capabilities") else None,
-        proc["capabilities"]["bounding"], host.capabilities)
+        proc["capabilities"]["bounding"], host_caps)
+    if known is not None:
+        _refuse_unknown_caps(proc["capabilities"], known)
     if privileged:
-        _apply_privileged(spec, host.capabilities, req.host_devices,
+        _apply_privileged(spec, host_caps, req.host_devices,
                           handler.privileged_without_host_devices)
     if sc.readonly_rootfs:
         spec["root"]["readonly"] = True
@@ -153,7 +157,7 @@ def container_spec(req: ContainerSpecRequest, image: ImageInput, *,
                    policy.resources, host.min_oom_score_adj)  # §2.13
     linux["namespaces"] = _container_namespaces(
         sc.namespace_options, req.namespaces, req.target_pid, cgroupns=cgroupns,
-        userns=userns is not None)
+        userns=userns is not None, sandboxed=handler.sandboxed)
     if userns is not None:
         if not sc.namespace_options.HasField("userns_options") or \
                 sc.namespace_options.userns_options != popts.userns_options:
@@ -265,15 +269,34 @@ def _apply_privileged(spec: Spec, host_caps: Sequence[str],
         linux["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
 
 
+def _refuse_unknown_caps(caps: Spec, known: frozenset[str]) -> None:
+    unknown = sorted({c for values in caps.values() for c in values if c not in known})
+    if unknown:
+        raise InvalidArgument(
+            f"capabilities {', '.join(unknown)}: the pod's runtime handler does not know "
+            "them (gVisor's runsc before 2023-02 knows capabilities up to CAP_AUDIT_READ)")
+
+
 def _container_namespaces(
     opts: pb.NamespaceOption, pod: Namespaces, target_pid: int | None,
-    *, cgroupns: bool, userns: bool,
+    *, cgroupns: bool, userns: bool, sandboxed: bool = False,
 ) -> list[Spec]:
     """§2.14: join the pod's namespaces by path (the pause's /proc/<pid>/ns/*, or the
-    pinned files of a pod without one); one the pod takes from the host is left out."""
+    pinned files of a pod without one); one the pod takes from the host is left out.
+
+    Under gVisor the pod's PID namespace is the sandbox's root one, which a container
+    gets by having no PID namespace of its own (runsc matches namespace paths between
+    containers, and the pause's has none: runsc/boot/loader.go); joining another
+    container's is not possible there."""
     out: list[Spec] = []
     if opts.pid == pb.CONTAINER:
         out.append({"type": "pid"})
+    elif opts.pid == pb.TARGET and sandboxed:
+        raise InvalidArgument(
+            "namespace_options.pid = TARGET: gVisor (runsc) cannot put a container in "
+            "another container's PID namespace")
+    elif opts.pid == pb.POD and sandboxed and pod.pid is not None:
+        pass
     elif opts.pid == pb.TARGET:
         if target_pid is None:
             raise InvalidArgument(f"target container {opts.target_id!r} is not running")

@@ -83,6 +83,12 @@ class HandlerOptions:
     privileged_without_host_devices: bool = False
     #: The handler's runc can make recursive read-only mounts.
     rro_supported: bool = False
+    #: The handler runs pods in an application kernel (gVisor): the pod's PID namespace
+    #: is the sandbox's own, and another container's cannot be joined.
+    sandboxed: bool = False
+    #: The capabilities the handler's runtime knows (None: all the host has); ALL and
+    #: privileged stop at them, and naming another one is refused.
+    capabilities: frozenset[str] | None = None
 
 
 #: The defaults, for callers that leave a group out.

@@ -17,6 +17,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
 from pycrid.oci.defaults import Spec
+from pycrid.oci.spec_inputs import NO_HANDLER, HandlerOptions
 
 HOST_SHM = "/dev/shm"
 _SANDBOX_FILE_OPTS = ["rbind", "ro", "nosuid", "nodev", "noexec"]
@@ -111,10 +112,14 @@ def check_image_mount(mount: pb.Mount) -> None:
         raise InvalidArgument(f"{where}: an image volume must be read-only (readonly: true)")
 
 
-def cri_mount(mount: pb.Mount, *, rro_supported: bool = False) -> tuple[Spec, str | None]:
+def cri_mount(mount: pb.Mount, *, rro_supported: bool = False,
+              sandboxed: bool = False) -> tuple[Spec, str | None]:
     """One CRI Mount as an OCI bind mount, plus the rootfs propagation it needs.
 
     An image volume arrives mounted: the caller set its host_path to the mounted image.
+    Under gVisor (``sandboxed``) a bind mount is one tree served by its gofer, mounts
+    below it on the host included: a read-only one is read-only all the way down (so
+    recursive read-only is plain "ro" there), and nothing is shared back with the host.
     """
     if is_image_mount(mount) and not mount.host_path:
         raise InvalidArgument(f"{IMAGE_VOLUME_FAILED}: mount {mount.container_path!r}: "
@@ -126,6 +131,10 @@ def cri_mount(mount: pb.Mount, *, rro_supported: bool = False) -> tuple[Spec, st
         options.append("rslave")
         needs = "rslave"
     elif prop == pb.PROPAGATION_BIDIRECTIONAL:
+        if sandboxed:
+            raise InvalidArgument(
+                f"mount {mount.container_path!r}: propagation Bidirectional: gVisor (runsc) "
+                "cannot share a container's mounts with the host")
         options.append("rshared")
         needs = "rshared"
     else:
@@ -143,7 +152,7 @@ def cri_mount(mount: pb.Mount, *, rro_supported: bool = False) -> tuple[Spec, st
             raise InvalidArgument(
                 f"mount {mount.container_path!r}: the runtime handler lacks recursive read-only"
             )
-        options.append("rro")
+        options.append("ro" if sandboxed else "rro")
     else:
         options.append("ro" if mount.readonly else "rw")
     entry: Spec = {"destination": mount.container_path, "type": "bind",
@@ -179,7 +188,7 @@ def container_mounts(
     files: SandboxFiles,
     volumes: Sequence[ImageVolume],
     *,
-    rro_supported: bool = False,
+    handler: HandlerOptions = NO_HANDLER,
     userns: pb.UserNamespace | None = None,
 ) -> tuple[list[Spec], str | None]:
     """§2.6: filtered base + cgroup mount, then CRI mounts and extras sorted by depth.
@@ -206,7 +215,8 @@ def container_mounts(
     converted: list[Spec] = []
     propagation: str | None = None
     for mount in supplied:
-        entry, needs = cri_mount(mount, rro_supported=rro_supported)
+        entry, needs = cri_mount(mount, rro_supported=handler.rro_supported,
+                                 sandboxed=handler.sandboxed)
         converted.append(entry)
         if needs == "rshared" or (needs == "rslave" and propagation != "rshared"):
             propagation = needs

@@ -22,15 +22,13 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import tempfile
 import time
 from typing import Any
 
-from pycrid import inotify
-from pycrid.errors import FailedPrecondition, Internal, NotFound, Unavailable, Unknown
-from pycrid.host.criu import CriuSupport
+from pycrid.errors import NotFound, Unknown
+from pycrid.host import binaries
 from pycrid.runtime import interactive, runc_checkpoint
 from pycrid.runtime.exits import Exit, read_exit, write_exit
 from pycrid.runtime.interface import (
@@ -40,7 +38,9 @@ from pycrid.runtime.interface import (
     ExecResult,
     RuncState,
 )
-from pycrid.runtime.monitors import MonitorWatch
+from pycrid.runtime.monitors import MonitorWatch, read_pid, reap
+from pycrid.runtime.runc_checkpoint import NO_CHECKPOINTS, CheckpointSupport
+from pycrid.runtime.runc_cli import CappedSink, find_binary, read_sync, runc_message
 from pycrid.runtime.signals import signal_init
 from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills
 from pycrid.stdio import ProcessIO
@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 CREATE_TIMEOUT = 60.0
 #: How long conmon may take to reopen a log after being asked.
 REOPEN_TIMEOUT = 10.0
-_SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: How long a deleted container's conmon may take to record the exit and end.
+MONITOR_EXIT_WAIT = 5.0
 #: containerd's exit code when a task's exit status is unknown (its shim died):
 #: internal/cri/server/helpers.go unknownExitCode.
 LOST_EXIT_CODE = 255
@@ -60,30 +61,14 @@ LOST_EXIT_CODE = 255
 _MONITOR_FILES = ("attach", "ctl", "winsz")
 
 
-_INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install runc conmon)"
-
-
-def find_binary(configured: str, name: str, key: str = "") -> str:
-    """The binary's path, or an error that says how to get one (``key`` is its config key)."""
-    key = key or f"{name}_path"
-    if configured:
-        if os.path.isfile(configured) and os.access(configured, os.X_OK):
-            return configured
-        raise Unavailable(f"{name} binary {configured!r} (config {key}) does not exist or is "
-                          f"not executable; {_INSTALL_HINT} or fix {key}")
-    path = shutil.which(name, path=_SEARCH_PATH)
-    if not path:
-        raise Unavailable(f"{name} binary not found in {_SEARCH_PATH}; {_INSTALL_HINT} or set "
-                          f"{key} to its path")
-    return path
-
-
 class ConmonRuntime(ContainerRuntime):
     def __init__(self, *, state_dir: str, runc: str = "", conmon: str = "",
                  systemd_cgroup: bool = False, runc_root: str = "",
                  cgroups: Hierarchy | None = None, owner: Owner | None = None,
-                 criu: CriuSupport | None = None, runc_checkpoints: bool = False) -> None:
+                 checkpoints: CheckpointSupport = NO_CHECKPOINTS) -> None:
         self.runc = find_binary(runc, "runc", "runtime_path")
+        #: How messages name the runtime (runc, or runsc).
+        self.name = os.path.basename(self.runc)
         self.conmon = find_binary(conmon, "conmon", "conmon_path")
         self.runc_root = runc_root or os.path.join(state_dir, "runc")
         self.exit_dir = os.path.join(state_dir, "exits")
@@ -97,13 +82,10 @@ class ConmonRuntime(ContainerRuntime):
         #: Owns the handling of dead monitors (``monitor_lost`` in the background).
         self._owner = owner if owner is not None else Owner("conmon monitors")
         self._lost: dict[str, asyncio.Task[Exit | None]] = {}
-        #: The host's CRIU (checked at start) and whether this runc says it can use it
-        #: (``runc features``: org.opencontainers.runc.checkpoint.enabled).
-        self.criu = criu if criu is not None else CriuSupport()
-        self.runc_checkpoints = runc_checkpoints
+        self.checkpoints = checkpoints
         #: PATH for runc and conmon when they run CRIU (runc_checkpoint.py says why).
         self.criu_path_env = runc_checkpoint.search_path(
-            runc_checkpoint.criu_path_dir(state_dir, self.criu))
+            runc_checkpoint.criu_path_dir(state_dir, checkpoints.criu))
 
     def close(self) -> None:
         """Stop watching (the conmons go on; a restart watches them again)."""
@@ -111,73 +93,80 @@ class ConmonRuntime(ContainerRuntime):
 
     # ---- runc --------------------------------------------------------------------------
 
-    def _runc_argv(self) -> list[str]:
-        """runc and its global flags, the same for every command."""
+    def _runc_argv(self, of: str = "") -> list[str]:
+        """runc and its global flags for a command on object ``of`` (the same for every
+        object here)."""
         return [self.runc, f"--root={self.runc_root}",
                 *(["--systemd-cgroup"] if self.systemd_cgroup else [])]
 
-    async def _runc(self, *args: str, stdin: bytes | None = None) -> tuple[int, bytes, str]:
-        """Run one runc command: (exit code, stdout, its error message made readable)."""
+    async def _runc(self, *args: str, stdin: bytes | None = None,
+                    of: str = "") -> tuple[int, bytes, str]:
+        """Run one runc command on object ``of``: (exit code, stdout, its error message
+        made readable)."""
         proc = await asyncio.create_subprocess_exec(
-            *self._runc_argv(), *args, stdin=asyncio.subprocess.PIPE if stdin is not None else
+            *self._runc_argv(of), *args, stdin=asyncio.subprocess.PIPE if stdin is not None else
             asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         out, err = await proc.communicate(stdin)
         rc = proc.returncode if proc.returncode is not None else -1
-        return rc, out, _runc_message(err)
+        return rc, out, runc_message(err)
 
     async def update(self, object_id: str, resources: dict[str, Any]) -> None:
         rc, _, err = await self._runc("update", "--resources", "-", object_id,
-                                      stdin=json.dumps(resources).encode())
+                                      stdin=json.dumps(resources).encode(), of=object_id)
         if rc != 0:
-            raise Unknown(f"runc update {object_id}: {err}")
+            raise Unknown(f"{self.name} update {object_id}: {err}")
 
     async def start(self, object_id: str) -> None:
-        rc, _, err = await self._runc("start", object_id)
+        rc, _, err = await self._runc("start", object_id, of=object_id)
         if rc != 0:
             if "does not exist" in err:
                 raise NotFound(f"runtime has no container {object_id}")
-            raise Unknown(f"runc start {object_id}: {err}")
+            raise Unknown(f"{self.name} start {object_id}: {err}")
 
     async def kill(self, object_id: str, sig: int) -> bool:
         direct = signal_init(self.runc_root, object_id, sig)
         if direct is not None:  # None: runc decides
             return direct
-        rc, _, err = await self._runc("kill", object_id, str(sig))
+        rc, _, err = await self._runc("kill", object_id, str(sig), of=object_id)
         if rc == 0:
             return True
         if any(s in err for s in ("not running", "does not exist", "no such process",
                                   "process already finished", "container not created")):
             return False
-        raise Unknown(f"runc kill {object_id} {sig}: {err}")
+        raise Unknown(f"{self.name} kill {object_id} {sig}: {err}")
 
     async def delete(self, object_id: str) -> None:
-        self.monitors.forget(object_id)
-        if (lost := self._lost.get(object_id)) is not None:
-            await asyncio.wait({lost})  # its exit file is written before the removal
-        if not os.path.isdir(os.path.join(self.runc_root, object_id)):
-            return  # runc knows nothing of it (deleted at its exit, or never created)
-        rc, _, err = await self._runc("delete", "--force", object_id)
-        if rc != 0 and "does not exist" not in err:
-            raise Unknown(f"runc delete {object_id}: {err}")
+        pid = await self._unwatch(object_id)
+        if os.path.isdir(os.path.join(self.runc_root, object_id)):
+            # (Else runc knows nothing of it: deleted at its exit, or never created.)
+            rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
+            if rc != 0 and "does not exist" not in err:
+                raise Unknown(f"{self.name} delete {object_id}: {err}")
+        await reap(pid, object_id, MONITOR_EXIT_WAIT)
 
     async def state(self, object_id: str) -> RuncState | None:
-        rc, out, err = await self._runc("state", object_id)
+        rc, out, err = await self._runc("state", object_id, of=object_id)
         if rc != 0:
             if "does not exist" in err:
                 return None
-            raise Unknown(f"runc state {object_id}: {err}")
+            raise Unknown(f"{self.name} state {object_id}: {err}")
         return RuncState.from_json(json.loads(out))
 
     async def states(self) -> dict[str, RuncState]:
         rc, out, err = await self._runc("list", "--format", "json")
         if rc != 0:
-            raise Unknown(f"runc list: {err}")
+            raise Unknown(f"{self.name} list: {err}")
         listed = json.loads(out or b"null") or []
         return {str(s["id"]): RuncState.from_json(s) for s in listed
                 if isinstance(s, dict) and "id" in s}
 
     # ---- create through conmon ---------------------------------------------------------
+
+    def _monitored(self, opts: CreateOptions) -> tuple[str, list[str]]:
+        """What conmon runs as the OCI runtime, and the arguments it puts before
+        ``create`` (``--runtime``, ``--runtime-arg``)."""
+        return self.runc, [f"--root={self.runc_root}"]
 
     async def create(self, opts: CreateOptions) -> int:
         return await self._spawn(opts, restore="")
@@ -186,15 +175,17 @@ class ConmonRuntime(ContainerRuntime):
         """conmon runs ``runc create``, or with ``restore`` (CRIU images) ``runc restore``
         (CRI-O's RestoreContainer: conmon's ``--restore``)."""
         bundle = opts.bundle
+        runtime, runtime_args = self._monitored(opts)
         argv = [
             self.conmon, "--bundle", bundle, "--cid", opts.id, "--cuuid", opts.id,
-            "--name", opts.name, "--runtime", self.runc,
+            "--name", opts.name, "--runtime", runtime,
             "--container-pidfile", os.path.join(bundle, "pidfile"),
             "--conmon-pidfile", os.path.join(bundle, "conmon.pid"),
             "--log-path", f"k8s-file:{opts.log_path}" if opts.log_path else "none",
             "--exit-dir", self.exit_dir, "--persist-dir", bundle,
             "--socket-dir-path", self.socket_dir, "--full-attach",
-            "--log-level", "info", "--runtime-arg", f"--root={self.runc_root}",
+            "--log-level", "info",
+            *(a for arg in runtime_args for a in ("--runtime-arg", arg)),
         ]
         if self.systemd_cgroup:
             argv.append("--systemd-cgroup")
@@ -208,7 +199,7 @@ class ConmonRuntime(ContainerRuntime):
             argv += ["--restore", restore]
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         try:
-            env = {"PATH": self.criu_path_env if restore else _SEARCH_PATH,
+            env = {"PATH": self.criu_path_env if restore else binaries.SEARCH_PATH,
                    "_OCI_SYNCPIPE": str(wfd)}
             proc = await asyncio.create_subprocess_exec(
                 *argv, pass_fds=(wfd,), env=env, cwd=bundle, start_new_session=True,
@@ -220,7 +211,7 @@ class ConmonRuntime(ContainerRuntime):
         finally:
             os.close(wfd)
         try:
-            message = await asyncio.wait_for(_read_sync(rfd), CREATE_TIMEOUT)
+            message = await asyncio.wait_for(read_sync(rfd), CREATE_TIMEOUT)
         except TimeoutError:
             await self._kill_conmon(bundle)
             raise Unknown(f"conmon did not report container {opts.id} within "
@@ -235,12 +226,12 @@ class ConmonRuntime(ContainerRuntime):
             raise Unknown(f"conmon failed to {what} container {opts.id}: {text}")
         pid = int(message.get("pid", -1))
         if pid <= 0:
-            text = _runc_message(str(message.get("message", "")).encode())
+            text = runc_message(str(message.get("message", "")).encode())
             if restore:  # CRIU's own reason is in its log, in the bundle (work path)
                 why = runc_checkpoint.criu_errors(
                     os.path.join(bundle, runc_checkpoint.RESTORE_LOG))
                 text += f" (CRIU: {why})" if why else ""
-            raise Unknown(f"runc {what} {opts.id} failed: {text}")
+            raise Unknown(f"{self.name} {what} {opts.id} failed: {text}")
         if not self.monitors.watch(opts.id, bundle):
             log.warning("conmon of %s is gone right after creating it", opts.id)
             await self.monitor_lost(opts.id, bundle)
@@ -259,6 +250,15 @@ class ConmonRuntime(ContainerRuntime):
             self._lost[object_id] = task
             task.add_done_callback(lambda _: self._lost.pop(object_id, None))
 
+    async def _unwatch(self, object_id: str) -> int:
+        """Before a delete: stop watching the container's conmon (its end is expected
+        now) and let a loss being handled finish (its exit file is written first); the
+        pid of the conmon that was watched, 0 if none."""
+        pid = self.monitors.forget(object_id)
+        if (lost := self._lost.get(object_id)) is not None:
+            await asyncio.wait({lost})
+        return pid
+
     async def monitor_lost(self, object_id: str, bundle: str, reason: str = "") -> Exit | None:
         """The container's conmon died without recording an exit. As containerd does for a
         dead shim (core/runtime/v2/shim.go cleanupAfterDeadShim runs the shim's delete,
@@ -276,7 +276,7 @@ class ConmonRuntime(ContainerRuntime):
             return found  # conmon wrote it after all
         log.warning("conmon of container %s died without recording an exit; killing what "
                     "is left of the container", object_id)
-        rc, _, err = await self._runc("delete", "--force", object_id)
+        rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
         if rc != 0 and "does not exist" not in err:
             log.error("container %s lost its conmon and could not be deleted: %s",
                       object_id, err)
@@ -289,17 +289,18 @@ class ConmonRuntime(ContainerRuntime):
             message="its monitor (conmon) died; what was left of the container was killed"))
 
     async def _kill_conmon(self, bundle: str) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            with open(os.path.join(bundle, "conmon.pid")) as f:
-                os.kill(int(f.read().strip()), signal.SIGKILL)
+        if (pid := read_pid(bundle)) > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     # ---- checkpoint and restore ------------------------------------------------------
 
     def checkpoint_refusal(self, runtime_handler: str) -> str | None:
-        if not self.runc_checkpoints:
+        if not self.checkpoints.runc_can:
             return (f"its runtime {self.runc} cannot checkpoint containers (`runc features` "
                     "does not say org.opencontainers.runc.checkpoint.enabled)")
-        return None if self.criu.works else self.criu.error
+        criu = self.checkpoints.criu
+        return None if criu.works else criu.error
 
     async def pause(self, object_id: str) -> None:
         rc, _, err = await self._runc("pause", object_id)
@@ -316,7 +317,7 @@ class ConmonRuntime(ContainerRuntime):
             [*self._runc_argv(), *runc_checkpoint.checkpoint_args(object_id, paths)],
             self.criu_path_env)
         if rc != 0:
-            text = _runc_message(err)
+            text = runc_message(err)
             why = runc_checkpoint.criu_errors(os.path.join(paths.work, runc_checkpoint.DUMP_LOG))
             raise Unknown(f"runc checkpoint {object_id} failed: {text}"
                           + (f" (CRIU: {why})" if why else ""))
@@ -347,40 +348,20 @@ class ConmonRuntime(ContainerRuntime):
         return (oom_kills(self.cgroups, path) or 0) > 0
 
     async def reopen_log(self, bundle: str, log_path: str) -> None:
-        """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl.
-
-        conmon reopens when it next reads its ctl fifo, after this returns; the kubelet
-        opens the path right after the call, so wait until the new file is there (an
-        inotify watch on its directory, armed before asking)."""
-        watch: inotify.Inotify | None = None
-        try:
-            if log_path and not os.path.exists(log_path):
-                watch = inotify.Inotify()
-                watch.add_watch(os.path.dirname(log_path) or ".",
-                                inotify.CREATE | inotify.MOVED_TO)
-            if not interactive.write_ctl(bundle, "2 0 0\n"):
-                raise FailedPrecondition("container monitor (conmon) is not running")
-            if watch is not None:
-                await asyncio.wait_for(_appears(watch, log_path), REOPEN_TIMEOUT)
-        except TimeoutError:
-            raise Unknown(f"conmon did not reopen {log_path} within "
-                          f"{REOPEN_TIMEOUT:.0f}s") from None
-        finally:
-            if watch is not None:
-                watch.close()
+        await interactive.reopen_log(bundle, log_path, REOPEN_TIMEOUT)
 
     # ---- exec --------------------------------------------------------------------------
 
     async def exec_sync(self, object_id: str, process: dict[str, Any], *,
                         limit: float | None, output_cap: int) -> ExecResult:
-        out, err = _CappedSink(output_cap), _CappedSink(output_cap)
+        out, err = CappedSink(output_cap), CappedSink(output_cap)
         io = ProcessIO(tty=False, stdin=None, stdout=out, stderr=err, resize=None)
         # On timeout the exec is cancelled, which kills its process group and runc.
         rc = await asyncio.wait_for(self.exec_stream(object_id, process, io), limit)
         stderr = bytes(err.data)
         if rc == 255 and b"exec failed" in stderr:
             # runc could not start the process at all: its own message is on stderr.
-            stderr = _runc_message(stderr).encode() + b"\n"
+            stderr = runc_message(stderr).encode() + b"\n"
         return ExecResult(rc, bytes(out.data), stderr)
 
     async def exec_stream(self, object_id: str, process: dict[str, Any], io: ProcessIO) -> int:
@@ -396,61 +377,3 @@ class ConmonRuntime(ContainerRuntime):
     async def attach(self, bundle: str, io: ProcessIO) -> None:
         await interactive.attach(bundle, io)
 
-
-async def _appears(watch: inotify.Inotify, path: str) -> None:
-    while not os.path.exists(path):
-        await watch.wait()
-
-
-class _CappedSink:
-    """Collects output up to ``cap`` bytes; containerd discards the excess silently."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-
-    async def write(self, data: bytes) -> None:
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += data[:room]
-
-    async def close(self) -> None:
-        pass
-
-
-async def _read_sync(fd: int) -> dict[str, Any] | None:
-    """The first JSON message on conmon's sync pipe, or None on EOF without one."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    try:
-        line = await reader.readline()
-    finally:
-        transport.close()
-    if not line.strip():
-        return None
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        raise Internal(f"conmon sent a malformed sync message: {line[:200]!r}") from None
-    return msg if isinstance(msg, dict) else None
-
-
-def _runc_message(raw: bytes) -> str:
-    """runc's logrus line (``time=… level=error msg="…"``) reduced to its message. When
-    there are errors, its warnings go (runc 1.5 quotes all of CRIU's log as warnings
-    when a checkpoint fails)."""
-    text = raw.decode(errors="replace").strip()
-    lines = []
-    all_lines = text.splitlines()
-    if any("level=error" in line for line in all_lines):
-        all_lines = [line for line in all_lines if "level=" not in line or "level=error" in line]
-    for line in all_lines:
-        if 'msg="' in line:
-            msg = line.split('msg="', 1)[1]
-            msg = msg.rsplit('"', 1)[0]
-            lines.append(msg.replace('\\"', '"').replace("\\n", " ").strip())
-        elif line.strip():
-            lines.append(line.strip())
-    return "; ".join(lines) or text

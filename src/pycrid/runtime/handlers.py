@@ -15,14 +15,13 @@ import json
 import logging
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pycrid.config.decode import ConfigError
-from pycrid.config.schema import RuntimeConfig
+from pycrid.config.schema import RUNC_TYPE, RUNSC_TYPE, RuntimeConfig
 from pycrid.errors import InvalidArgument
-from pycrid.runtime.conmon import find_binary
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import (
     CheckpointPaths,
@@ -31,6 +30,10 @@ from pycrid.runtime.interface import (
     ExecResult,
     RuncState,
 )
+from pycrid.runtime.runc_cli import find_binary
+from pycrid.runtime.runsc_config import RunscSettings
+from pycrid.runtime.runsc_config import load as load_runsc
+from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stdio import ProcessIO
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,8 @@ class HandlerFeatures:
     #: The binary says it can checkpoint and restore with CRIU (not in the CRI's
     #: features; Status verbose info reports it).
     checkpoint: bool = False
+    #: ``UpdateContainerResources`` can change a running container's limits.
+    update_resources: bool = True
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,19 @@ class HandlerSpec:
     pod_annotations: tuple[str, ...] = ()
     container_annotations: tuple[str, ...] = ()
     features: HandlerFeatures = HandlerFeatures()
+    runtime_type: str = RUNC_TYPE
+    #: A gVisor handler's binary, root and flags (None for runc).
+    runsc: RunscSettings | None = None
+    #: The capabilities its runtime knows (None: every one the host has).
+    capabilities: frozenset[str] | None = None
+    #: What its binary says of its version (runsc's; "" when not asked).
+    version: str = ""
+
+    @property
+    def sandboxed(self) -> bool:
+        """Pods run in an application kernel (gVisor): one sandbox process per pod, the
+        containers inside it, with no host cgroup or process of their own."""
+        return self.runsc is not None
 
 
 def runc_binary(config: RuntimeConfig, handler: str) -> str:
@@ -71,24 +89,40 @@ def runc_binary(config: RuntimeConfig, handler: str) -> str:
 def default_runc(config: RuntimeConfig) -> str:
     """The default handler's runc as the path that will run: configured, else found on
     the search path (an unset runtime_path is the usual config)."""
+    default = config.runtimes.get(config.default_runtime_name)
+    if default is None or default.runtime_type != RUNC_TYPE:  # a gVisor default: runc's own
+        return find_binary(config.runtime_path, "runc", "runtime_path")
     return find_binary(runc_binary(config, config.default_runtime_name), "runc",
                        "runtime_path")
 
 
 def load_handlers(config: RuntimeConfig, state_dir: str) -> dict[str, HandlerSpec]:
-    """Every configured handler with its base spec read; a bad spec file stops start-up
-    with the key's name (containerd fails the same way)."""
+    """Every configured handler with its base spec (and a gVisor handler's runsc.toml)
+    read; a bad file stops start-up with the key's name (containerd fails the same way)."""
     out: dict[str, HandlerSpec] = {}
     for name, h in sorted(config.runtimes.items()):
-        default_root = "runc" if name == config.default_runtime_name else f"runc-{name}"
+        runsc = None
+        if h.runtime_type == RUNSC_TYPE:
+            runsc = load_runsc(f"{_SECTION}.{name}", binary=h.options.BinaryName,
+                               root=h.options.Root, config_path=h.options.ConfigPath,
+                               default_root=os.path.join(
+                                   state_dir, "runsc" if name == "runsc" else f"runsc-{name}"))
+            root, binary = runsc.root, runsc.binary
+        else:
+            for key in ("TypeUrl", "ConfigPath"):
+                if getattr(h.options, key):
+                    raise ConfigError(f"{_SECTION}.{name}.options.{key}",
+                                      f"is for runtime_type = \"{RUNSC_TYPE}\" only")
+            default_root = "runc" if name == config.default_runtime_name else f"runc-{name}"
+            root = h.options.Root or os.path.join(state_dir, default_root)
+            binary = runc_binary(config, name)
         out[name] = HandlerSpec(
-            name=name,
-            runc_root=h.options.Root or os.path.join(state_dir, default_root),
-            runc_binary=runc_binary(config, name),
+            name=name, runc_root=root, runc_binary=binary,
             base_spec=_base_spec(name, h.base_runtime_spec) if h.base_runtime_spec else None,
             privileged_without_host_devices=h.privileged_without_host_devices,
             pod_annotations=tuple(h.pod_annotations),
-            container_annotations=tuple(h.container_annotations))
+            container_annotations=tuple(h.container_annotations),
+            runtime_type=h.runtime_type, runsc=runsc)
     roots = [h.runc_root for h in out.values()]
     if len(set(roots)) != len(roots):
         raise ConfigError(f"{_SECTION}.*.options.Root",
@@ -248,7 +282,8 @@ class RuntimeRouter(ContainerRuntime):
         self._of(object_id).forget_exit(object_id)
 
     def oom_killed(self, bundle: str) -> bool:
-        return self.runtimes[self.default].oom_killed(bundle)
+        # A bundle is named for its object's id.
+        return self._of(os.path.basename(bundle.rstrip("/"))).oom_killed(bundle)
 
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         await self.runtimes[self.default].reopen_log(bundle, log_path)
@@ -274,3 +309,6 @@ class RuntimeRouter(ContainerRuntime):
             raise InvalidArgument(f"no runtime for handler {handler!r} is configured")
         self._owner[opts.id] = handler
         return await self.runtimes[handler].restore(opts, images)
+
+    def own_stats(self, object_id: str) -> Callable[[], CgroupStats | None] | None:
+        return self._of(object_id).own_stats(object_id)

@@ -29,6 +29,8 @@ import termios
 import tty
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from pycrid import inotify
+from pycrid.errors import FailedPrecondition, Unknown
 from pycrid.stdio import ByteSink, ByteSource, ProcessIO, TerminalSize
 
 log = logging.getLogger(__name__)
@@ -45,10 +47,17 @@ FIRST_SIZE_WAIT = 0.5
 _ATTACH_PACKET = 32768
 
 
-async def run_exec(argv: list[str], pid_path: str, io: ProcessIO) -> int:
-    """Run ``argv`` (a ``runc exec``) wired to ``io``; its exit status."""
+#: Ends an exec'd process the runtime keeps out of the host's reach (gVisor's runsc
+#: exec: the process lives in the sandbox, and its pid file names runsc itself).
+Stopper = Callable[[], Awaitable[None]]
+
+
+async def run_exec(argv: list[str], pid_path: str, io: ProcessIO,
+                   stop: Stopper | None = None) -> int:
+    """Run ``argv`` (a ``runc exec``) wired to ``io``; its exit status. ``stop``, when
+    given, is awaited first when the exec is cut short."""
     if io.tty:
-        return await _run_tty(argv, pid_path, io)
+        return await _run_tty(argv, pid_path, io, stop)
     pipe, null = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=pipe if io.stdin else null, stdout=pipe if io.stdout else null,
@@ -66,10 +75,11 @@ async def run_exec(argv: list[str], pid_path: str, io: ProcessIO) -> int:
                 feeder.cancel()
         return code
     finally:
-        await _kill(pid_path, proc)
+        await _kill(pid_path, proc, stop)
 
 
-async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO) -> int:
+async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO,
+                   stop: Stopper | None) -> int:
     sizes: asyncio.Queue[TerminalSize] = asyncio.Queue()
     master, slave = os.openpty()
     try:
@@ -105,7 +115,7 @@ async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO) -> int:
                 for task in others:
                     task.cancel()
             finally:
-                await _kill(pid_path, proc)
+                await _kill(pid_path, proc, stop)
         return code
     finally:
         if slave >= 0:
@@ -228,7 +238,8 @@ async def _drain(outputs: list[asyncio.Task[None]]) -> None:
             task.cancel()
 
 
-async def _kill(pid_path: str, proc: asyncio.subprocess.Process) -> None:
+async def _kill(pid_path: str, proc: asyncio.subprocess.Process,
+                stop: Stopper | None = None) -> None:
     """Kill what is left of the exec (nothing, after a normal exit) and return only once
     it is gone, so a timed-out ExecSync answers with its process already dead (the
     kubelet's exec probes rely on it).
@@ -240,6 +251,9 @@ async def _kill(pid_path: str, proc: asyncio.subprocess.Process) -> None:
     only if it does not follow within ``KILL_GRACE``."""
     if proc.returncode is not None:
         return
+    if stop is not None:
+        with contextlib.suppress(Exception):
+            await stop()
     victims = _exec_processes(pid_path, proc.pid)
     for pid in victims:
         with contextlib.suppress(ProcessLookupError):
@@ -345,3 +359,30 @@ def write_ctl(bundle: str, message: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+async def reopen_log(bundle: str, log_path: str, within: float) -> None:
+    """Ask conmon to reopen the log (after the kubelet rotated it): ``2 0 0`` on ctl.
+
+    conmon reopens when it next reads its ctl fifo, after this returns; the kubelet
+    opens the path right after the call, so wait until the new file is there (an
+    inotify watch on its directory, armed before asking), up to ``within`` seconds."""
+    watch: inotify.Inotify | None = None
+    try:
+        if log_path and not os.path.exists(log_path):
+            watch = inotify.Inotify()
+            watch.add_watch(os.path.dirname(log_path) or ".", inotify.CREATE | inotify.MOVED_TO)
+        if not write_ctl(bundle, "2 0 0\n"):
+            raise FailedPrecondition("container monitor (conmon) is not running")
+        if watch is not None:
+            await asyncio.wait_for(_appears(watch, log_path), within)
+    except TimeoutError:
+        raise Unknown(f"conmon did not reopen {log_path} within {within:.0f}s") from None
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+async def _appears(watch: inotify.Inotify, path: str) -> None:
+    while not os.path.exists(path):
+        await watch.wait()

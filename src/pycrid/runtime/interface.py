@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pycrid.errors import FailedPrecondition
 from pycrid.runtime.exits import Exit
+from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stdio import ProcessIO
 
 #: Why a runtime that says nothing about checkpointing refuses it.
@@ -158,6 +160,12 @@ class ContainerRuntime(abc.ABC):
     async def reopen_log(self, bundle: str, log_path: str) -> None:
         """Have the monitor reopen the CRI log; returns once ``log_path`` exists again
         (the kubelet opens it right after the call)."""
+
+    def own_stats(self, object_id: str) -> Callable[[], CgroupStats | None] | None:
+        """How to read the usage of a container the host has no cgroup of its own for
+        (a gVisor sub-container: its sandbox measures it); the reader blocks, for the
+        stats worker thread. None: read the container's cgroup, as for runc."""
+        return None
 
     # ---- checkpoint and restore (CRIU). A runtime that cannot refuses; the runc one
     # ---- overrides all five. -------------------------------------------------------

@@ -18,10 +18,12 @@ second instead, by its start time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import itertools
 import logging
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -117,13 +119,17 @@ class MonitorWatch:
             self._poller = loop.call_later(POLL_EVERY, self._poll)
         return True
 
-    def forget(self, object_id: str) -> None:
-        """Stop watching (the container is being deleted, or its loss is handled)."""
+    def forget(self, object_id: str) -> int:
+        """Stop watching (the container is being deleted, or its loss is handled); the
+        pid that was watched, 0 if none."""
         watched = self._watched.pop(object_id, None)
-        if watched is not None and watched.fd >= 0:
+        if watched is None:
+            return 0
+        if watched.fd >= 0:
             if self._loop is not None:
                 self._loop.remove_reader(watched.fd)
             os.close(watched.fd)
+        return watched.pid
 
     def close(self) -> None:
         for object_id in list(self._watched):
@@ -153,3 +159,45 @@ class MonitorWatch:
             self._ended(object_id, watched.bundle)
         except Exception:
             log.exception("handling the end of the monitor of %s failed", object_id)
+
+
+async def monitor_gone(pid: int, object_id: str, within: float) -> bool:
+    """Whether the conmon of ``object_id`` at ``pid`` has ended (a pid that now names
+    another process counts as ended), waiting up to ``within`` seconds."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        if not is_monitor_of(pid, object_id):  # checked with the pidfd held
+            return True
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:  # a pidfd turns readable when its process ends
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await asyncio.wait_for(ended, within)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+
+
+async def reap(pid: int, object_id: str, within: float) -> None:
+    """After a container's delete: wait (up to ``within`` seconds) for its conmon at
+    ``pid`` to write the exit and go, and kill one that stays, so a deleted container
+    leaves no monitor behind (a failed RunPodSandbox once left the pause's conmon
+    waiting for ever). ``pid`` 0: none was watched."""
+    if pid <= 0 or await monitor_gone(pid, object_id, within):
+        return
+    log.warning("conmon %d of %s still runs %.0fs after its container was deleted; "
+                "killing it", pid, object_id, within)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

@@ -19,14 +19,28 @@ import contextlib
 import os
 import re
 import signal
+from dataclasses import dataclass
 
-from pycrid.host.criu import SEARCH_PATH, CriuSupport
+from pycrid.host.binaries import SEARCH_PATH
+from pycrid.host.criu import CriuSupport
 from pycrid.runtime.interface import CheckpointPaths
 
 #: CRIU's logs: in the work path for a dump, in the bundle (conmon's work path) for a
 #: restore (checkpointctl's DumpLogFile and RestoreLogFile).
 DUMP_LOG = "dump.log"
 RESTORE_LOG = "restore.log"
+
+
+@dataclass(frozen=True)
+class CheckpointSupport:
+    """What checkpointing needs: the host's CRIU (checked at start) and a runc that says
+    it can use it (``runc features``: org.opencontainers.runc.checkpoint.enabled)."""
+
+    criu: CriuSupport = CriuSupport()
+    runc_can: bool = False
+
+
+NO_CHECKPOINTS = CheckpointSupport()
 
 
 def criu_path_dir(state_dir: str, criu: CriuSupport) -> str:

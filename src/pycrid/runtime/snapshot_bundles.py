@@ -225,7 +225,8 @@ class SnapshotBundles(ContainerBundles):
             base_spec=handler.base_spec, pod_annotations=handler.pod_annotations,
             container_annotations=handler.container_annotations,
             privileged_without_host_devices=handler.privileged_without_host_devices,
-            rro_supported=handler.features.recursive_read_only_mounts)
+            rro_supported=handler.features.recursive_read_only_mounts,
+            sandboxed=handler.sandboxed, capabilities=handler.capabilities)
 
     def _remove(self, cid: str) -> Sequence[str]:
         """Bundle (mounts first), rootfs snapshot, image volume views, copied VOLUMEs;

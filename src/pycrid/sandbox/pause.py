@@ -118,7 +118,10 @@ class PauseController(SandboxController):
             host=self.host, policy=self.policy,
             handler=HandlerOptions(base_spec=handler.base_spec if handler else None,
                                    pod_annotations=handler.pod_annotations if handler else ()))
-        with_sandbox_shares(spec)  # cpu.shares 2, as containerd's pause
+        if handler is None or not handler.sandboxed:
+            with_sandbox_shares(spec)  # cpu.shares 2, as containerd's pause
+        # A gVisor pause's cgroup holds the whole pod's sandbox: no pause-sized limits
+        # (gVisor's shim moves the sandbox to the pod's cgroup for the same reason).
         write_spec(bundle, spec)
         self._handler_of[sid] = req.runtime_handler
         failpoint("sandbox.spec")

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pycrid.stats.cgroup_hierarchy import Hierarchy
 from pycrid.stats.cgroup_stats import CgroupStats, nano_cores
@@ -39,6 +39,10 @@ class Target:
     layer_key: str | None = None
     #: A process in the pod's network namespace (0: no network counters).
     net_pid: int = 0
+    #: The runtime's own reading of an object the host has no cgroup of its own for (a
+    #: gVisor sub-container): its CPU, memory and tasks replace the cgroup's figures,
+    #: ``cgroups_path`` then being the cgroup that runs it (its pod's sandbox).
+    reader: Callable[[], CgroupStats | None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ class Sampler:
         path = self._cgroups_path(t)
         mono, wall = time.monotonic_ns(), time.time_ns()
         cgroup = self.hierarchy.read(path, self._proc) if path else None
+        if t.reader is not None:
+            cgroup = _overlay(cgroup, t.reader())
         layer = None
         if t.layer_key is not None and self._layer_usage is not None:
             try:
@@ -197,6 +203,34 @@ class Sampler:
                 or cur.cgroup.cpu_ns is None):
             return None
         return nano_cores(prev.cgroup.cpu_ns, prev.mono, cur.cgroup.cpu_ns, cur.mono)
+
+
+def _overlay(host: CgroupStats | None, own: CgroupStats | None) -> CgroupStats | None:
+    """The runtime's figures of a container over those of the cgroup that runs it: what
+    the runtime measures per container (CPU time, memory in use, tasks) replaces the
+    cgroup's; the rest (CPU throttling, I/O, pressure, descriptors, limits) is that
+    cgroup's, the sandbox's, which its containers share. CPU time the runtime does not
+    split into user and system is split as the cgroup's is."""
+    if own is None:
+        return None
+    if host is None:
+        return own
+    changes: dict[str, object] = {}
+    if own.cpu_ns is not None:
+        changes["cpu_ns"] = own.cpu_ns
+        for name in ("cpu_user_ns", "cpu_system_ns"):
+            mine, theirs = getattr(own, name), getattr(host, name)
+            if mine is None and theirs is not None and host.cpu_ns:
+                mine = theirs * own.cpu_ns // host.cpu_ns
+            changes[name] = mine
+    if own.memory_usage is not None:
+        changes.update(memory_usage=own.memory_usage, inactive_file=0, active_file=0,
+                       rss=own.memory_usage, cache=0, mapped_file=0)
+        if own.memory_max_usage is not None:
+            changes["memory_max_usage"] = own.memory_max_usage
+    if own.processes is not None:
+        changes["processes"] = own.processes
+    return replace(host, **changes)  # type: ignore[arg-type]
 
 
 __all__ = ["LayerUsage", "Sample", "Sampler", "Target"]

@@ -36,13 +36,20 @@ class PodHandlers:
     #: "podsandbox").
     drop_infra: bool = False
     podsandbox: frozenset[str] = frozenset()
+    #: Handlers that run a pod in an application kernel (gVisor): its pause container is
+    #: the sandbox that runs every container of the pod.
+    sandboxed: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, known: Collection[str], default: str = "runc", *,
            userns: Collection[str] = (), drop_infra: bool = False,
-           podsandbox: Collection[str] = ()) -> PodHandlers:
+           podsandbox: Collection[str] = (), sandboxed: Collection[str] = ()) -> PodHandlers:
         return cls(frozenset(known), default, frozenset(userns), drop_infra,
-                   frozenset(podsandbox))
+                   frozenset(podsandbox) | frozenset(sandboxed), frozenset(sandboxed))
+
+    def is_sandboxed(self, handler: str) -> bool:
+        """Whether pods of ``handler`` ("" for the default) run in an application kernel."""
+        return (handler or self.default) in self.sandboxed
 
 
 @dataclass(frozen=True)
