@@ -14,8 +14,9 @@ is cancelled.
 
 ``finish`` awaits a step to its end through cancellations (undo steps, threads and
 child processes that would go on without us); ``interruptible`` lets a step whose own
-cancellation is clean (a CNI ADD DELs itself, a pull removes its scratch snapshots)
-stop as soon as the client has gone.
+cancellation is clean (a pull removes its scratch snapshots) stop as soon as the client
+has gone. A CNI ADD is not one: a plugin killed half-way may leave the host's network
+broken (see core/pods/run.py).
 """
 
 from __future__ import annotations

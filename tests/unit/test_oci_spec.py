@@ -789,6 +789,11 @@ def test_container_userns_pod() -> None:
     for dest in ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf"):
         assert by_dest[dest]["uidMappings"] == by_dest[dest]["gidMappings"] == want, dest
     assert "uidMappings" not in by_dest["/dev/shm"]
+    # So are the copies of the image's VOLUMEs (containerd's volumeMounts).
+    spec = ctr(cc(sc=sc(namespace_options=opts)), sandbox=pod(namespace_options=opts),
+               image={"config": {"Cmd": ["sh"], "Volumes": {"/data": {}}}})
+    (data,) = [m for m in spec["mounts"] if m["destination"] == "/data"]
+    assert data["uidMappings"] == data["gidMappings"] == want
     with pytest.raises(InvalidArgument, match="differ"):
         ctr(cc(), sandbox=pod(namespace_options=opts))
 

@@ -111,15 +111,15 @@ async def test_finish_defers_a_cancellation_and_interruptible_obeys_the_scope() 
     ops = Operations(Owner("ops"))
     stopped: list[str] = []
 
-    async def slow_add() -> None:
+    async def slow_pull() -> None:
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
-            stopped.append("DEL")  # what a cancelled CNI ADD does
+            stopped.append("cleaned up")  # what a cancelled pull does
             raise
 
     async def call() -> None:
-        await interruptible(slow_add())
+        await interruptible(slow_pull())
 
     caller = asyncio.create_task(ops.run("RunPodSandbox", call(), undo_on_cancel=True))
     await asyncio.sleep(0.05)
@@ -127,7 +127,7 @@ async def test_finish_defers_a_cancellation_and_interruptible_obeys_the_scope() 
     with pytest.raises(asyncio.CancelledError):
         await caller
     await asyncio.sleep(0.05)
-    assert stopped == ["DEL"]
+    assert stopped == ["cleaned up"]
     await ops.aclose()
 
 

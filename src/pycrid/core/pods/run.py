@@ -144,11 +144,14 @@ async def _start_sandbox(parts: PodParts, sid: str, config: pb.PodSandboxConfig,
 
 async def _attach(parts: PodParts, sid: str, netns: str, config: pb.PodSandboxConfig,
                   handler: str, undo: Undo) -> None:
-    """CNI ADD; a failed or cancelled ADD DELs itself (so a client that goes away stops
-    a slow plugin at once), a finished one is the pod's."""
+    """CNI ADD; a failed ADD DELs itself, a finished one is the pod's. A client that goes
+    away does not cut it short (the step after it undoes it): a plugin killed half-way
+    can break the node's network, as the bridge plugin killed between attaching its veth
+    and pinning the bridge's MAC leaves a bridge whose MAC falls to 00:00:00:00:00:00 with
+    its last port, and every later ADD on it fails with "could not set bridge's mac"."""
     if not netns:
         return
-    ips = await interruptible(parts.network.set_up(sid, netns, config, handler))
+    ips = await parts.network.set_up(sid, netns, config, handler)
     undo.push_async_callback(detach, parts, sid)
     parts.store.update(sid, ips=tuple(ips))
     await step("sandbox.network")
