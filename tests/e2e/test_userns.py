@@ -124,12 +124,13 @@ def test_status_says_the_handler_runs_user_namespace_pods(daemon: Daemon) -> Non
     """CRI Status (what the kubelet and critest check before asking for such a pod) and
     ``pycrid status``."""
     st = daemon.client.runtime.Status(pb.StatusRequest(), timeout=30)
-    assert {(h.name, h.features.user_namespaces) for h in st.runtime_handlers} == {
-        ("", True), ("runc", True)}
+    # (gVisor's runsc, offered when it is installed, has no user-namespace pods.)
+    assert {(h.name, h.features.user_namespaces) for h in st.runtime_handlers
+            if h.name != "runsc"} == {("", True), ("runc", True)}
     out = subprocess.run([sys.executable, "-m", "pycrid", "status", "--address",
                           daemon.address], capture_output=True, text=True, timeout=60)
-    rows = dict(line.split(":", 1) for line in out.stdout.splitlines())
-    assert rows["Handlers"].strip().startswith("runc: user namespaces"), out.stdout
+    rows = {k.strip(): v for k, v in (line.split(":", 1) for line in out.stdout.splitlines())}
+    assert "; user namespaces" in rows["runc"], out.stdout
 
 
 @pytest.mark.parametrize("pinned", [True, False], ids=["without-pause", "with-pause"])
