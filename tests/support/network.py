@@ -6,6 +6,9 @@ daemon keeps its network) gets its own bridge ``pcrtN``, its own /24 inside
 10.199.0.0/16 and its own host-local store, so daemons running at the same time
 never share an address (the bridge plugin allows one gateway per bridge). Pod
 traffic stays on the host: no IP masquerade, and no route beyond the pod subnet.
+
+Suites run side by side on one machine share the 250 bridges; ``PYCRID_TEST_BRIDGE`` and
+``PYCRID_TEST_SUBNET`` (``pcrt`` and ``10.199`` by default) give one a pool of its own.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import subprocess
 from collections.abc import Collection
 from typing import Any
 
-BRIDGE_PREFIX = "pcrt"
-SUBNET_PREFIX = "10.199"
+BRIDGE_PREFIX = os.environ.get("PYCRID_TEST_BRIDGE", "pcrt")
+SUBNET_PREFIX = os.environ.get("PYCRID_TEST_SUBNET", "10.199")
 CNI_SECTION = '[plugins."pycrid.cri.v1.runtime".cni]'
 BIN_DIRS = ["/usr/lib/cni", "/opt/cni/bin"]
 _subnets: dict[str, int] = {}
