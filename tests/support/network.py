@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import Collection
 from typing import Any
 
@@ -26,6 +27,9 @@ SUBNET_PREFIX = os.environ.get("PYCRID_TEST_SUBNET", "10.199")
 CNI_SECTION = '[plugins."pycrid.cri.v1.runtime".cni]'
 BIN_DIRS = ["/usr/lib/cni", "/opt/cni/bin"]
 _subnets: dict[str, int] = {}
+#: How long a daemon waits for one of the 250 bridge names when other test processes on
+#: the host hold them all.
+BRIDGE_WAIT = 240.0  # within the 300 s a test may take (pyproject.toml)
 _configured: set[str] = set()
 #: The alias this process gives the bridges it claims.
 _MARK = f"pycrid-test-{os.getpid()}-{secrets.token_hex(4)}"
@@ -36,18 +40,24 @@ def _index(base: str) -> int:
     processes, e.g. a benchmark run by a test, never pick the same one)."""
     if base in _subnets:
         return _subnets[base]
-    for n in range(1, 251):
-        if n in _subnets.values():
-            continue
-        r = subprocess.run(["ip", "link", "add", f"{BRIDGE_PREFIX}{n}", "type", "bridge"],
-                           capture_output=True, check=False)
-        if r.returncode == 0:
-            # Marked as this process's: it deletes only bridges still carrying its mark.
-            subprocess.run(["ip", "link", "set", f"{BRIDGE_PREFIX}{n}", "alias", _MARK],
-                           capture_output=True, check=False)
-            _subnets[base] = n
-            return n
-    raise RuntimeError("no free test bridge pcrt1..pcrt250")
+    # The 250 names are the host's: test processes running at once (several checkouts'
+    # suites) may hold them all for a while; each gives its own back when it ends.
+    deadline = time.monotonic() + BRIDGE_WAIT
+    while True:
+        for n in range(1, 251):
+            if n in _subnets.values():
+                continue
+            r = subprocess.run(["ip", "link", "add", f"{BRIDGE_PREFIX}{n}", "type", "bridge"],
+                               capture_output=True, check=False)
+            if r.returncode == 0:
+                # Marked as this process's: it deletes only bridges still carrying its mark.
+                subprocess.run(["ip", "link", "set", f"{BRIDGE_PREFIX}{n}", "alias", _MARK],
+                               capture_output=True, check=False)
+                _subnets[base] = n
+                return n
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no free test bridge pcrt1..pcrt250 for {BRIDGE_WAIT:.0f} s")
+        time.sleep(2)
 
 
 def release(base: str) -> None:
