@@ -56,7 +56,8 @@ def _index(base: str) -> int:
                 _subnets[base] = n
                 return n
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no free test bridge pcrt1..pcrt250 for {BRIDGE_WAIT:.0f} s")
+            raise RuntimeError(f"no free test bridge {BRIDGE_PREFIX}1..{BRIDGE_PREFIX}250 for "
+                               f"{BRIDGE_WAIT:.0f} s")
         time.sleep(2)
 
 
