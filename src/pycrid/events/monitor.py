@@ -67,8 +67,12 @@ class ExitMonitor:
             due_at = self.backoff.next_due()
             wait = None if due_at is None else max(0.0, due_at - self._clock())
             exit_: Exit | None = None
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation
+            # that lands as the item arrives, and this loop would then outlive its owner's
+            # close (the daemon hung at its stop when an exit came in just then).
             with contextlib.suppress(TimeoutError):
-                exit_ = await asyncio.wait_for(self._queue.get(), wait)
+                async with asyncio.timeout(wait):
+                    exit_ = await self._queue.get()
             if exit_ is not None:
                 try:
                     if exit_.id in self.backoff:
@@ -86,7 +90,8 @@ class ExitMonitor:
 
     async def _handle(self, exit_: Exit) -> bool:
         try:
-            await asyncio.wait_for(self._handler(exit_), self._timeout)
+            async with asyncio.timeout(self._timeout):  # (not wait_for: see _run)
+                await self._handler(exit_)
         except asyncio.CancelledError:
             raise
         except Exception as e:
