@@ -19,9 +19,7 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +49,7 @@ from pycrid.bench import rss
 from pycrid.bench.command import int_list, section_list
 from pycrid.bench.listing import CALLS
 from pycrid.bench.procs import socket_owner
+from pycrid.bench.scratch import interruptible, run_dir, said_left_behind
 from pycrid.bench.sections import Plan, run_sections
 
 PROG = "bench"
@@ -166,6 +165,7 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
         target, args.pull_mb, args.pull_layers, args.pull_rounds)})
 
 
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not is_worker():
@@ -174,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     check_host(PROG, runtime=args.endpoint is None)
     arm_signals()
 
-    base = Path(tempfile.mkdtemp(prefix="pycrid-bench-"))
     t_start = time.monotonic()
-    before = HostSnapshot.take(base)
     report: dict[str, Any] = {"schema": "pycrid-bench/1", "runtime": None,
                               "environment": host_info(),
                               "options": {k: v for k, v in vars(args).items()
@@ -184,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     errors: list[str] = []
     sections: dict[str, Section] = {}
     left: list[str] = []
-    try:
+    with run_dir("pycrid-bench-", args.keep) as base:
+        before = HostSnapshot.take(base)
         try:
             with target_env(base, args, report) as (target, idle):
                 sections = sections_of(target, idle, args, errors)
@@ -197,14 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             wait_gone(after.monitors - before.monitors)
             left += [x for x in HostSnapshot.take(base).new_since(before, base)
                      if x not in left]
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaned up", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep:
-            print(f"kept {base}", file=sys.stderr)
-        else:
-            shutil.rmtree(base, ignore_errors=True)
 
     ordered = [sections[n] for n in SECTIONS if n in sections]
     rt = report["runtime"] or {}
@@ -220,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwrote {args.json}")
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
-    if left:
-        print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+    said_left_behind(left)
     return 0 if report["ok"] else 1
 
 

@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +59,7 @@ from bench.common import (
     timed,
 )
 from pycrid.bench.cri import container_config, pod_config
+from pycrid.bench.scratch import interruptible, run_dir, said_left_behind
 
 PROG = "bench.checkpoint"
 COUNTER = ["sh", "-c", "echo data > /written; i=0; "
@@ -221,6 +221,7 @@ def summary(vals: list[float]) -> dict[str, Any]:
             "max_ms": max(vals), "n": len(vals)}
 
 
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not is_worker():
@@ -238,9 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no CRIU: pass --criu PATH (one that passes `criu check`)")
     check_host(PROG)
     arm_signals()
-    base = Path(tempfile.mkdtemp(prefix="pycrid-bench-ckpt-"))
     left: list[str] = []
-    try:
+    with run_dir("pycrid-bench-ckpt-", args.keep) as base:
         with registry_env(base) as (reg, images):
             config = daemon_config(reg, images, base) + (
                 f'[plugins."pycrid.cri.v1.runtime"]\ncriu_path = "{args.criu}"\n')
@@ -263,16 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     remove_all_pods(Pods(d.client.runtime))
             left = leftovers(str(base / "daemon" / "root"), str(base / "daemon" / "state"))
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaned up", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep:
-            print(f"kept {base}", file=sys.stderr)
-        else:
-            shutil.rmtree(base, ignore_errors=True)
-    if left:
-        print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+    if said_left_behind(left):
         return 1
     floors = {name: summary(bench.samples[name]) for name in FLOORS}
     figures = {}

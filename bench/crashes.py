@@ -22,9 +22,7 @@ import collections
 import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ from tests.support.crashes import Report, Storm
 from tests.support.pods import daemon_config
 
 from bench.common import arm_signals, check_host, is_worker, registry_env, supervise
+from pycrid.bench.scratch import interruptible, run_dir
 
 PROG = "bench.crashes"
 
@@ -72,6 +71,7 @@ def as_json(reports: list[Report], wall: float) -> dict[str, Any]:
         for r in reports]}
 
 
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not is_worker():
@@ -91,10 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     check_host(PROG)
     arm_signals()
     env = {"PYTHONPATH": os.path.abspath(args.pycrid_src)} if args.pycrid_src else None
-    base = Path(tempfile.mkdtemp(prefix="pycrid-bench-crashes-"))
     started = time.monotonic()
     reports: list[Report] = []
-    try:
+    with run_dir("pycrid-bench-crashes-", args.keep) as base:
         with registry_env(base) as (reg, images):
             for i in range(args.runs):
                 run_base = base / f"run{i + 1}"
@@ -107,14 +106,6 @@ def main(argv: list[str] | None = None) -> int:
                 reports.append(report)
                 for line in report.disagreements + report.errors + report.leftovers:
                     print(f"run {i + 1}: {line}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaned up", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep:
-            print(f"kept {base}", file=sys.stderr)
-        else:
-            shutil.rmtree(base, ignore_errors=True)
     wall = time.monotonic() - started
     print_summary(reports, wall)
     if args.json:

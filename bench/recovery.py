@@ -32,12 +32,10 @@ import math
 import os
 import re
 import secrets
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,6 +59,7 @@ from bench.common import (
     remove_all_pods,
     supervise,
 )
+from pycrid.bench.scratch import interruptible, run_dir, said_left_behind
 
 PROG = "bench.recovery"
 FULL, EMPTY = "full", "empty"
@@ -322,6 +321,7 @@ def print_report(phases: dict[str, dict[str, Any]], ratio: float, per_container:
 # ---------------------------------------------------------------------------
 
 
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not is_worker():
@@ -344,11 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     check_host(PROG)
     arm_signals()
 
-    base = Path(tempfile.mkdtemp(prefix="pycrid-bench-rec-"))
     t_start = time.monotonic()
     populate_s = 0.0
     left: list[str] = []
-    try:
+    with run_dir("pycrid-bench-rec-", args.keep) as base:
         print("starting registry ...", file=sys.stderr)
         with registry_env(base) as (reg, images):
             config = daemon_config(reg, images, base)
@@ -380,18 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                         if node.configured:
                             left += leftovers(str(node.base / "root"),
                                               str(node.base / "state"))
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaned up", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep:
-            print(f"kept {base}", file=sys.stderr)
-        else:
-            shutil.rmtree(base, ignore_errors=True)
     for problem in bench.problems:
         print(f"daemon log: {problem}", file=sys.stderr)
-    if left:
-        print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+    if said_left_behind(left):
         return 1
 
     phases, ratio, per_container = summarize(bench.samples, args.containers)

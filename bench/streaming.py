@@ -37,11 +37,9 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -53,6 +51,7 @@ from tests.support.pods import container_cgroups, container_config, leftovers, p
 from tests.support.streams import SpdyCommand, SpdyPortForward, WebSocketCommand
 
 from bench.common import Env, arm_signals, check_host, cri_env, is_worker, supervise
+from pycrid.bench.scratch import interruptible, run_dir, said_left_behind
 
 PROG = "bench.streaming"
 MIB = 1 << 20
@@ -437,6 +436,7 @@ async def run(env: Env, args: argparse.Namespace, result: dict[str, Any]) -> Non
     await measure_throughput(env, sid, ip, args.mb, args.rounds, result)
 
 
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not is_worker():
@@ -460,14 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     check_host(PROG)
     arm_signals()
 
-    base = Path(tempfile.mkdtemp(prefix="pycrid-bs-"))
     t_start = time.monotonic()
     cgroups_before = set(container_cgroups())
     result: dict[str, Any] = {"iterations": args.iterations, "warmup": args.warmup,
                               "short_execs": args.short_execs, "mb": args.mb,
                               "rounds": args.rounds}
     left: list[str] = []
-    try:
+    with run_dir("pycrid-bs-", args.keep) as base:
         print("starting registry and pycrid ...", file=sys.stderr)
         try:
             with cri_env(base) as env:
@@ -477,16 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             if (dbase / "config.toml").exists():
                 left = [x for x in leftovers(str(dbase / "root"), str(dbase / "state"))
                         if not (x.startswith("cgroup ") and x[7:] in cgroups_before)]
-    except KeyboardInterrupt:
-        print("\ninterrupted; cleaned up", file=sys.stderr)
-        return 130
-    finally:
-        if args.keep:
-            print(f"kept {base}", file=sys.stderr)
-        else:
-            shutil.rmtree(base, ignore_errors=True)
-    if left:
-        print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+    if said_left_behind(left):
         return 1
 
     print_report(result)

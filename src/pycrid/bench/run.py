@@ -7,9 +7,7 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from pycrid.bench.procs import (
 )
 from pycrid.bench.report import Section, describe, table
 from pycrid.bench.rss import Idle
+from pycrid.bench.scratch import INTERRUPTED, run_dir, said_left_behind
 from pycrid.bench.sections import SECTIONS, Plan, run_sections
 from pycrid.bench.target import Target
 
@@ -213,7 +212,6 @@ def run(args: argparse.Namespace) -> int:
     pid = args.daemon_pid or socket_owner(path)
 
     arm_signals()
-    base = Path(tempfile.mkdtemp(prefix="pycrid-bench-"))
     t_start = time.monotonic()
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
                 args.list_sizes, args.list_calls, args.runtime_handler)
@@ -231,33 +229,28 @@ def run(args: argparse.Namespace) -> int:
     sections: dict[str, Section] = {}
     left: list[str] = []
     try:
-        try:
-            idle = Idle.take(pid)
-            images.ensure(sandbox)
-            images.ensure(args.image)
-            target = Target(base, client, Pods(client.runtime), args.image, endpoint, pid,
-                            args.nri_socket)
-            sections = run_sections(target, idle, plan, runc or "runc", errors)
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:
-            errors.append(f"setup: {describe(e)}")
-        finally:
-            remove_ours(client)
-            left += images.remove_pulled()
-            left += [x for x in leftovers(client, images, base, runc) if x not in left]
-            client.close()
+        with run_dir("pycrid-bench-", args.keep) as base:
+            try:
+                idle = Idle.take(pid)
+                images.ensure(sandbox)
+                images.ensure(args.image)
+                target = Target(base, client, Pods(client.runtime), args.image, endpoint, pid,
+                                args.nri_socket)
+                sections = run_sections(target, idle, plan, runc or "runc", errors)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:
+                errors.append(f"setup: {describe(e)}")
+            finally:
+                remove_ours(client)
+                left += images.remove_pulled()
+                left += [x for x in leftovers(client, images, base, runc) if x not in left]
+                client.close()
     except KeyboardInterrupt:
         print("\ninterrupted; cleaned up", file=sys.stderr)
         print(_summary(images, left), file=sys.stderr)
-        if left:
-            print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
-        return 130
-    finally:
-        if args.keep:
-            print(f"kept {base}", file=sys.stderr)
-        else:
-            shutil.rmtree(base, ignore_errors=True)
+        said_left_behind(left)
+        return INTERRUPTED
 
     ordered = [sections[n] for n in SECTIONS if n in sections]
     report.update(
@@ -283,6 +276,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.json}")
     for err in errors:
         print(f"error: {err}", file=sys.stderr)
-    if left:
-        print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
+    said_left_behind(left)
     return 0 if report["ok"] else 1
