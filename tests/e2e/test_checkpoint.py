@@ -31,7 +31,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.bench.cri import container_config, pod_config
 from tests.support import interop
-from tests.support.checkpoints import checkpoint_image, member
+from tests.support.checkpoints import checkpoint_image, count, member
 from tests.support.daemon import Daemon, mapped_root_state, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
@@ -109,17 +109,8 @@ def _counter(pods: Pods, daemon: Daemon, base: Path, name: str, *,
                            shared_pid=shared_pid)
     cfg.log_path = "counter.log"
     cid = pods.run_container(sid, cfg, pod)
-    wait_for(lambda: _count(pods, cid) >= 3, 30, "the counter to count")
+    wait_for(lambda: count(pods, cid) >= 3, 30, "the counter to count")
     return sid, cid, pod
-
-
-def _count(pods: Pods, cid: str) -> int:
-    """The counter's last count (its file is empty for the instant between the shell's
-    truncation and its write: read again then)."""
-    def read() -> int:
-        r = pods.exec(cid, ["cat", "/tmp/count"], timeout=10)
-        return int(r.stdout) if r.exit_code == 0 and r.stdout.strip() else 0
-    return int(wait_for(read, 10, f"a count from {cid}"))
 
 
 def _checkpoint(daemon: Daemon, cid: str, location: Path, timeout: int = 0) -> None:
@@ -169,8 +160,8 @@ def test_checkpoint_archive_and_restore_in_a_new_pod(daemon: Daemon, pods: Pods,
     _checkpoint(daemon, cid, archive)
 
     # The container ran on, thawed.
-    before = _count(pods, cid)
-    wait_for(lambda: _count(pods, cid) > before, 10, "the checkpointed container to count on")
+    before = count(pods, cid)
+    wait_for(lambda: count(pods, cid) > before, 10, "the checkpointed container to count on")
     assert pods.status(cid).status.state == pb.CONTAINER_RUNNING
 
     # The archive: the layout checkpointctl reads (containerd's names), mode 0600.
@@ -218,9 +209,9 @@ def test_checkpoint_archive_and_restore_in_a_new_pod(daemon: Daemon, pods: Pods,
     assert created.annotations["checkpointImage"] == str(archive)
     pods.start(rid)
     assert pods.status(rid).status.state == pb.CONTAINER_RUNNING
-    first = _count(pods, rid)
+    first = count(pods, rid)
     assert first >= max(checkpointed)
-    wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
+    wait_for(lambda: count(pods, rid) > first, 10, "the restored container to count on")
     assert pods.exec(rid, ["cat", "/written"]).stdout == b"data\n"
     assert pods.exec(rid, ["cat", "/home/new"]).stdout == b"new\n"
     listing = pods.exec(rid, ["ls", "-a", "/home", "/var"]).stdout.decode()
@@ -258,8 +249,8 @@ def test_restore_into_a_pod_sharing_its_pid_namespace(daemon: Daemon, pods: Pods
     assert "the new pod must do the same" in e.value.details()
     _, rid = _restore(pods, base, archive, "shared-again", shared_pid=True)
     pods.start(rid)
-    first = _count(pods, rid)
-    wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
+    first = count(pods, rid)
+    wait_for(lambda: count(pods, rid) > first, 10, "the restored container to count on")
 
 
 def test_restore_from_a_checkpoint_image(daemon: Daemon, pods: Pods, base: Path,
@@ -275,8 +266,8 @@ def test_restore_from_a_checkpoint_image(daemon: Daemon, pods: Pods, base: Path,
     assert status.state == pb.CONTAINER_CREATED
     assert status.annotations["checkpointImage"] == image_id
     pods.start(rid)
-    first = _count(pods, rid)
-    wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
+    first = count(pods, rid)
+    wait_for(lambda: count(pods, rid) > first, 10, "the restored container to count on")
     assert pods.exec(rid, ["cat", "/written"]).stdout == b"data\n"
     counts = _counts(log_text(str(base / "logs" / "from-image" / "counter.log")))
     assert counts == list(range(1, len(counts) + 1))
@@ -377,8 +368,8 @@ def test_timeout_leaves_the_container_running_and_no_archive(
         ["runc", f"--root={daemon.state}/runc", "state", cid], capture_output=True,
         check=True).stdout)
     assert state["status"] == "running"  # thawed
-    before = _count(pods, cid)
-    wait_for(lambda: _count(pods, cid) > before, 10, "the container to count on")
+    before = count(pods, cid)
+    wait_for(lambda: count(pods, cid) > before, 10, "the container to count on")
     assert not (base / "root" / "containers" / cid / "checkpoint").exists()
     # The stalled CRIU (the wrapper and its sleep) went with runc.
     pids = [int(p) for p in (base / "slow.pids").read_text().split()]
@@ -497,8 +488,8 @@ def test_restore_pending_survives_a_daemon_restart(
     _restart(daemon)
     assert pods.status(rid).status.state == pb.CONTAINER_CREATED
     pods.start(rid)
-    first = _count(pods, rid)
-    wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
+    first = count(pods, rid)
+    wait_for(lambda: count(pods, rid) > first, 10, "the restored container to count on")
 
 
 def _restart(daemon: Daemon) -> None:
@@ -620,12 +611,12 @@ def test_user_namespace_pods(tmp_path: Path, registry: LocalRegistry,
             cfg.linux.security_context.namespace_options.CopyFrom(opts)
             cfg.linux.security_context.namespace_options.pid = pb.CONTAINER
             cid = pods.run_container(sid, cfg, pod)
-            wait_for(lambda: _count(pods, cid) >= 3, 30, "the counter to count")
+            wait_for(lambda: count(pods, cid) >= 3, 30, "the counter to count")
             archive = tmp_path / "userns.tar"
             _checkpoint(d, cid, archive)
             assert "checkpoint/inventory.img" in _members(archive)
-            before = _count(pods, cid)
-            wait_for(lambda: _count(pods, cid) > before, 10, "the container to count on")
+            before = count(pods, cid)
+            wait_for(lambda: count(pods, cid) > before, 10, "the container to count on")
             again = pod_config("userns-restored")
             again.linux.security_context.namespace_options.CopyFrom(opts)
             rsid = pods.run(again, handler="idmap")

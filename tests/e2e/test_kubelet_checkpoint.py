@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from tests.e2e.test_kubelet import remove_pods
 from tests.support import interop
-from tests.support.checkpoints import checkpoint_image
+from tests.support.checkpoints import checkpoint_image, count, member, member_names
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
 from tests.support.kubelet import running_kubelet
@@ -78,21 +77,6 @@ def _counter(d: Daemon) -> Any | None:
     return None
 
 
-def _count(pods: Pods, cid: str) -> int:
-    """The counter's last count (its file is empty for the instant between the shell's
-    truncation and its write: read again then)."""
-    def read() -> int:
-        r = pods.exec(cid, ["cat", "/tmp/count"], timeout=10)
-        return int(r.stdout) if r.exit_code == 0 and r.stdout.strip() else 0
-    return int(wait_for(read, 10, f"a count from {cid}"))
-
-
-def _member(tf: tarfile.TarFile, name: str) -> bytes:
-    f = tf.extractfile(name)
-    assert f is not None
-    return f.read()
-
-
 def test_kubelet_checkpoint_endpoint(daemon: Daemon, test_images: TestImages,
                                      registry: LocalRegistry) -> None:
     base = Path(daemon.extra["base"])
@@ -104,10 +88,10 @@ def test_kubelet_checkpoint_endpoint(daemon: Daemon, test_images: TestImages,
                          manifests={"counter.yaml": _manifest(busybox)},
                          cleanup=remove_pods(daemon)) as k:
         running = wait_for(lambda: _counter(daemon), 120, "the kubelet to run the counter")
-        wait_for(lambda: _count(pods, running.id) >= 3, 30, "the counter to count")
+        wait_for(lambda: count(pods, running.id) >= 3, 30, "the counter to count")
         # The archive's /tmp/count may be empty (frozen between the shell's truncation
         # and its write, which the restored shell then makes): this is the lower bound.
-        before = _count(pods, running.id)
+        before = count(pods, running.id)
         answer = json.loads(k.post(f"/checkpoint/default/counter-{NODE}/counter?timeout=60"))
         [written] = answer["items"]
         archive = Path(written)
@@ -117,11 +101,9 @@ def test_kubelet_checkpoint_endpoint(daemon: Daemon, test_images: TestImages,
         assert _counter(daemon) is not None and _counter(daemon).id == running.id
         kept = base / "kubelet.tar"
         shutil.copyfile(archive, kept)
-    with tarfile.open(kept) as tf:
-        names = {m.name.rstrip("/") for m in tf.getmembers()}
-        spec = json.loads(_member(tf, "spec.dump"))
+    spec = json.loads(member(kept, "spec.dump"))
     assert {"checkpoint", "checkpoint/inventory.img", "config.dump", "spec.dump",
-            "status.dump", "rootfs-diff.tar"} <= names
+            "status.dump", "rootfs-diff.tar"} <= member_names(kept)
     assert spec["annotations"]["io.kubernetes.cri.sandbox-name"] == f"counter-{NODE}"
     assert spec["annotations"]["io.kubernetes.cri.sandbox-namespace"] == "default"
 
@@ -144,9 +126,9 @@ def test_kubelet_checkpoint_endpoint(daemon: Daemon, test_images: TestImages,
         cfg.mounts.add(container_path="/dev/termination-log", host_path=str(log))
         rid = pods.create(sid, cfg, pod)
         pods.start(rid)
-        first = _count(pods, rid)
+        first = count(pods, rid)
         assert first >= before >= 3  # counting on, not from 1 again
-        wait_for(lambda: _count(pods, rid) > first, 10, "the restored container to count on")
+        wait_for(lambda: count(pods, rid) > first, 10, "the restored container to count on")
         assert pods.exec(rid, ["cat", "/kept"]).stdout == b"kept\n"
     finally:
         pods.cleanup()
@@ -162,8 +144,8 @@ def test_kubelet_checkpoint_endpoint(daemon: Daemon, test_images: TestImages,
         status = pods.status(restored.id).status
         assert status.annotations["restored"] == "true"
         assert status.image.image.endswith("/busybox:latest")  # the base image, not the
-        first = _count(pods, restored.id)                      # checkpoint image
+        first = count(pods, restored.id)                      # checkpoint image
         assert first >= before
-        wait_for(lambda: _count(pods, restored.id) > first, 10,
+        wait_for(lambda: count(pods, restored.id) > first, 10,
                  "the restored container to count on")
         assert pods.exec(restored.id, ["cat", "/kept"]).stdout == b"kept\n"
