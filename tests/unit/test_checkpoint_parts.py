@@ -22,6 +22,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.cri_fields import go_json
 from pycrid.errors import Aborted, DataLoss, FailedPrecondition, InvalidArgument
 from pycrid.host import criu
+from pycrid.images.layer_paths import is_opaque
 from pycrid.runtime import checkpoint_archive as archive
 from pycrid.runtime import rootfs_diff
 from pycrid.runtime.handlers import features_from
@@ -169,7 +170,7 @@ def _merged(lower: Path, upper: Path) -> dict[str, str]:
     for root in (lower, upper):
         for dirpath, dirs, files in os.walk(root):
             rel_dir = os.path.relpath(dirpath, root)
-            if root == upper and rel_dir != "." and rootfs_diff.is_opaque_dir(dirpath):
+            if root == upper and rel_dir != "." and is_opaque(dirpath):
                 for k in [k for k in seen if k.startswith(rel_dir + "/")]:
                     del seen[k]
             for name in files + dirs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pycrid.host import binaries
@@ -46,14 +47,19 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(g) for g in m.groups() if g is not None)
 
 
+_ERROR = re.compile(r"Error \([^)]*\):\s*(.*)")
+
+
+def error_lines(lines: Iterable[str]) -> list[str]:
+    """What CRIU's ``Error (file:line):`` lines say, without the source locations."""
+    return [text for line in lines
+            if (m := _ERROR.search(line)) and (text := m.group(1).strip())]
+
+
 def check_error(output: str) -> str:
     """The reason ``criu check`` gives for failing: its ``Error (...)`` lines without the
     source locations, joined (the last line alone is only "could not initialize")."""
-    reasons = []
-    for line in output.splitlines():
-        m = re.search(r"Error \([^)]*\):\s*(.*)", line)
-        if m and m.group(1).strip():
-            reasons.append(m.group(1).strip())
+    reasons = error_lines(output.splitlines())
     if reasons:
         return "; ".join(reasons[:3])
     lines = [line.strip() for line in output.splitlines() if line.strip()]

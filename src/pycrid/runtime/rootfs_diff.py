@@ -37,10 +37,10 @@ from isal import igzip
 
 from pycrid.errors import Aborted, DataLoss, FailedPrecondition
 from pycrid.images.layer_paths import (
-    OPAQUE_XATTR,
     OVERLAY_XATTRS,
     WHITEOUT,
     clean_name,
+    is_opaque,
     is_whiteout,
 )
 from pycrid.images.layer_tar import apply_tar
@@ -101,7 +101,7 @@ def write_diff(upper: str, lowers: Sequence[str], dest: str,
             dirs.sort()
             rel_dir = os.path.relpath(dirpath, upper)
             rel_dir = "" if rel_dir == "." else rel_dir
-            if rel_dir and is_opaque_dir(dirpath):
+            if rel_dir and is_opaque(dirpath):
                 names = set(dirs) | set(files)
                 deleted += [f"/{rel_dir}/{n}" for n in _hidden(lowers, rel_dir, names)]
             for name in [*sorted(files), *dirs]:
@@ -118,13 +118,6 @@ def write_diff(upper: str, lowers: Sequence[str], dest: str,
         with open(os.path.join(dest, DELETED_FILES), "w") as f:
             json.dump(sorted(deleted), f)
     return DiffSummary(entries, len(deleted))
-
-
-def is_opaque_dir(path: str) -> bool:
-    try:
-        return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
-    except OSError:
-        return False
 
 
 def _add(tf: tarfile.TarFile, path: str, rel: str, st: os.stat_result) -> int:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 from dataclasses import dataclass
 
+from pycrid.host import criu
 from pycrid.host.binaries import SEARCH_PATH
 from pycrid.host.criu import CriuSupport
 from pycrid.runtime.interface import CheckpointPaths
@@ -86,9 +86,6 @@ async def run(argv: list[str], path_env: str) -> tuple[int, bytes]:
     return (proc.returncode if proc.returncode is not None else -1), err
 
 
-_ERROR = re.compile(r"Error \([^)]*\):\s*(.*)")
-
-
 #: Error lines every failed run has, which say nothing of why: CRIU adjusting its own
 #: rlimit without CAP_SYS_RESOURCE, the summary, and its cgroup helper going away after.
 _NOISE = ("rlimit:", "Dumping FAILED", "Restoring FAILED", "cg: cgroupd:")
@@ -99,8 +96,7 @@ def criu_errors(log_path: str, limit: int = 2) -> str:
     from it), without their source locations; "" when the log is missing or says none."""
     try:
         with open(log_path, errors="replace") as f:
-            found = [m.group(1).strip() for line in f if (m := _ERROR.search(line))]
+            found = [e for e in criu.error_lines(f) if not e.startswith(_NOISE)]
     except OSError:
         return ""
-    found = [e for e in found if e and not e.startswith(_NOISE)]
     return "; ".join(found[:limit])

@@ -180,7 +180,6 @@ class RecordStore(Generic[R]):
     def put(self, rec: R) -> R:
         fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
                   if f.name != "config"}
-        # A record headed for removal may use the database's reserve on a full disk.
         # Changing an existing object (stopping it, recording its exit, removing it) may
         # use the database's reserve on a full disk; only a new object may not.
         with self._db.transaction(f"the record of {self._what} {rec.id}",

@@ -24,6 +24,7 @@ from cri_api.v1 import api_pb2 as pb
 from pycrid.core.containers.parts import ContainerParts, state_name
 from pycrid.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from pycrid.faults import failpoint
+from pycrid.operations import finish
 from pycrid.runtime.checkpoint_archive import (
     CHECKPOINT_DIR,
     ArchiveConfig,
@@ -61,11 +62,12 @@ async def checkpoint_container(parts: ContainerParts, prefix: str, location: str
     _check_location(location)
     started = time.monotonic()
     try:
+        # No NRI sync lock: a checkpoint tells plugins nothing and changes no object, and
+        # holding it for a long dump would hold every other call behind a syncing plugin.
         async with asyncio.timeout(limit_s if limit_s > 0 else None):
-            async with parts.nri.blocking_sync():
-                rec = parts.find(prefix)
-                async with parts.locks(rec.id).write():
-                    size = await _checkpoint_locked(parts, rec.id, location, status_dump)
+            rec = parts.find(prefix)
+            async with parts.locks(rec.id).write():
+                size = await _checkpoint_locked(parts, rec.id, location, status_dump)
     except TimeoutError:
         raise DeadlineExceeded(f"checkpoint of container {prefix} did not finish within "
                                f"{limit_s}s; the container runs on, no archive was "
@@ -111,8 +113,10 @@ async def _dump(parts: ContainerParts, rec: ContainerRecord, work: str) -> None:
     """Freeze, CRIU's dump, the writable layer's diff and the log, thaw (also when a step
     fails or the deadline cuts it short)."""
     cid = rec.id
-    await parts.runtime.pause(cid)
     try:
+        # runc pause and resume run whole (a cancel lands after them): a freeze cut short
+        # would otherwise never be thawed.
+        await finish(parts.runtime.pause(cid))
         # Killed while it is frozen, recovery thaws it (containers/recover.py).
         failpoint("container.frozen")
         await parts.runtime.checkpoint(
@@ -122,11 +126,11 @@ async def _dump(parts: ContainerParts, rec: ContainerRecord, work: str) -> None:
         failpoint("container.dumped")
     except BaseException:
         try:
-            await asyncio.shield(parts.runtime.resume(cid))
+            await finish(parts.runtime.resume(cid))
         except Exception:
             log.exception("container %s: thawing it after a failed checkpoint failed", cid)
         raise
-    await parts.runtime.resume(cid)
+    await finish(parts.runtime.resume(cid))
 
 
 def _fresh_dir(path: str) -> None:

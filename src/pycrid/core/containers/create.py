@@ -135,7 +135,7 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
         undo.push_async_callback(cleanup, parts, cid)
         diff = ""
         if plan is not None:
-            diff = await finish(restore.unpack_archive(parts, cid, plan))
+            diff = await restore.unpack_archive(parts, cid, plan)  # stops when asked
             await step("restore.unpacked")
         # Snapshots, mounts and volume copies are made by threads: never cut short.
         built = await finish(parts.bundles.build(ContainerBundleRequest(
@@ -156,8 +156,8 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
         if log_path:
             os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
         if plan is not None:
-            if await restore.restore_log(parts, cid, log_path):
-                undo.callback(restore.forget_log, log_path)
+            undo.callback(restore.forget_log, log_path)  # a copy cut short goes too
+            await finish(restore.restore_log(parts, cid, log_path))
             await step("restore.logged")
             pid = 0
         else:

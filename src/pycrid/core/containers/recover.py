@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable
 
 from pycrid.core import events
+from pycrid.core.containers import restore
 from pycrid.core.containers.parts import RECOVERY_CONCURRENCY, ContainerParts, now_ns
 from pycrid.core.containers.remove import cleanup
 from pycrid.runtime.exits import Exit
@@ -77,6 +78,8 @@ async def _recover_one(parts: ContainerParts, rec: ContainerRecord, state: RuncS
         # A restore's pid is known only from runc (a create's was recorded with it).
         parts.store.update(rec.id, started_at=now_ns(), restore=False,
                            pid=rec.pid or (state.pid if state is not None else 0))
+        if rec.restore:
+            await restore.forget_archive(parts, rec.id)
         parts.events.emit(events.STARTED, rec.id, rec.sandbox_id)
     if exit_ is not None:
         submit(exit_)

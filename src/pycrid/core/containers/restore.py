@@ -188,10 +188,10 @@ def check_compatible(restore: RestorePlan, spec: dict[str, Any]) -> None:
             "containers (namespace_options.pid POD), and the new pod must do the same")
 
 
-async def restore_log(parts: ContainerParts, cid: str, log_path: str) -> bool:
-    """The log so far, from the archive, continued by the restored container's conmon
-    (which appends); whether there was one."""
-    return await asyncio.to_thread(copy_log, parts.paths.restore(cid), log_path)
+async def restore_log(parts: ContainerParts, cid: str, log_path: str) -> None:
+    """The log so far, from the archive (when it has one), continued by the restored
+    container's conmon (which appends)."""
+    await asyncio.to_thread(copy_log, parts.paths.restore(cid), log_path)
 
 
 def forget_log(log_path: str) -> None:
