@@ -550,8 +550,8 @@ def test_refused_when_criu_fails_its_check_or_the_handler_cannot(
         assert info["handlers"]["runc"] == info["criu_error"]
         if handler:
             assert info["handlers"]["runsc"] == (
-                "its runtime /usr/bin/runsc cannot checkpoint containers (`runc features` "
-                "does not say org.opencontainers.runc.checkpoint.enabled)")
+                "gVisor (runsc) containers cannot be checkpointed with CRIU: their processes "
+                "run on gVisor's own kernel (runsc's own checkpoint is not used)")
         busybox = test_images.busybox.ref(registry)
         d.client.pull(busybox)
         pods = Pods(d.client)

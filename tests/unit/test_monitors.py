@@ -165,3 +165,24 @@ async def test_mount_table_changes_are_seen() -> None:
         await asyncio.to_thread(subprocess.run, ["umount", target], check=False,
                                 capture_output=True)
         os.rmdir(target)
+
+
+def test_reap_kills_a_conmon_that_stays_and_nothing_else() -> None:
+    cid = "c" * 64
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        # A live process that is not this container's conmon (a reused pid): no wait (the
+        # 60 s would outlast the 10 s guard), no signal.
+        asyncio.run(asyncio.wait_for(monitors.reap(other.pid, cid, 60), 10))
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    asyncio.run(monitors.reap(other.pid, cid, 60))  # gone: nothing to do
+    stays = _fake_conmon(cid)
+    try:
+        asyncio.run(monitors.reap(stays.pid, cid, 0.2))
+        assert stays.wait(10) == -9
+    finally:
+        stays.kill()
+        stays.wait()

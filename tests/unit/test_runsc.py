@@ -31,6 +31,7 @@ from pycrid.oci.defaults import ALL_CAPABILITIES
 from pycrid.oci.nri_sandboxed import refuse_unhonoured
 from pycrid.runtime import runsc_monitor
 from pycrid.runtime.handlers import load_handlers
+from pycrid.runtime.monitors import read_pid_file
 from pycrid.runtime.runsc_config import known_capabilities, load, release_date
 from pycrid.stats.cgroup_stats import CgroupStats
 from pycrid.stats.sampler import _overlay
@@ -296,7 +297,7 @@ def test_monitor_creates_then_waits_for_the_word(tmp_path: Path, monitors: list[
     # runsc create got conmon's arguments, its pid file beside conmon's.
     assert log == [f"--root=/r --network=host create --bundle {bundle} --pid-file "
                    f"{bundle}/pidfile.sandbox cid1"]
-    assert runsc_monitor.read_pid(runsc_monitor.sandbox_pid_file(str(bundle))) == 4242
+    assert read_pid_file(runsc_monitor.sandbox_pid_file(str(bundle))) == 4242
     assert monitor > 0 and monitor != 4242 and os.path.exists(f"/proc/{monitor}")
     assert asyncio.run(runsc_monitor.say(str(bundle), "start"))
     _wait_exit(monitor)
@@ -329,16 +330,3 @@ def test_monitor_exit_status_is_the_containers(tmp_path: Path) -> None:
 
 def test_say_to_a_gone_monitor_is_false(tmp_path: Path) -> None:
     assert asyncio.run(runsc_monitor.say(str(tmp_path), "start")) is False
-
-
-def test_monitor_gone_never_waits_for_another_process() -> None:
-    from pycrid.runtime.monitors import monitor_gone
-
-    sleeper = subprocess.Popen(["sleep", "30"])
-    try:
-        # A live process that is not this container's conmon (a reused pid): ended.
-        assert asyncio.run(monitor_gone(sleeper.pid, "c" * 64, 5)) is True
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    assert asyncio.run(monitor_gone(sleeper.pid, "c" * 64, 5)) is True

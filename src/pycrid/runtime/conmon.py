@@ -140,10 +140,15 @@ class ConmonRuntime(ContainerRuntime):
         pid = await self._unwatch(object_id)
         if os.path.isdir(os.path.join(self.runc_root, object_id)):
             # (Else runc knows nothing of it: deleted at its exit, or never created.)
-            rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
-            if rc != 0 and "does not exist" not in err:
+            if (err := await self._force_delete(object_id)) is not None:
                 raise Unknown(f"{self.name} delete {object_id}: {err}")
         await reap(pid, object_id, MONITOR_EXIT_WAIT)
+
+    async def _force_delete(self, object_id: str) -> str | None:
+        """``delete --force`` (kill, wait, remove): None when done or there was nothing
+        to delete, else the runtime's reason."""
+        rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
+        return None if rc == 0 or "does not exist" in err else err
 
     async def state(self, object_id: str) -> RuncState | None:
         rc, out, err = await self._runc("state", object_id, of=object_id)
@@ -196,7 +201,8 @@ class ConmonRuntime(ContainerRuntime):
             if not opts.stdin_once:
                 argv.append("--leave-stdin-open")
         if restore:
-            argv += ["--restore", restore]
+            # The dump took file locks (runc_checkpoint.checkpoint_args): restore them too.
+            argv += ["--restore", restore, "--runtime-opt", "--file-locks"]
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         try:
             env = {"PATH": self.criu_path_env if restore else binaries.SEARCH_PATH,
@@ -276,8 +282,7 @@ class ConmonRuntime(ContainerRuntime):
             return found  # conmon wrote it after all
         log.warning("conmon of container %s died without recording an exit; killing what "
                     "is left of the container", object_id)
-        rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
-        if rc != 0 and "does not exist" not in err:
+        if (err := await self._force_delete(object_id)) is not None:
             log.error("container %s lost its conmon and could not be deleted: %s",
                       object_id, err)
             return None
@@ -303,23 +308,23 @@ class ConmonRuntime(ContainerRuntime):
         return None if criu.works else criu.error
 
     async def pause(self, object_id: str) -> None:
-        rc, _, err = await self._runc("pause", object_id)
+        rc, _, err = await self._runc("pause", object_id, of=object_id)
         if rc != 0:
-            raise Unknown(f"runc pause {object_id}: {err}")
+            raise Unknown(f"{self.name} pause {object_id}: {err}")
 
     async def resume(self, object_id: str) -> None:
-        rc, _, err = await self._runc("resume", object_id)
+        rc, _, err = await self._runc("resume", object_id, of=object_id)
         if rc != 0 and "not paused" not in err:
-            raise Unknown(f"runc resume {object_id}: {err}")
+            raise Unknown(f"{self.name} resume {object_id}: {err}")
 
     async def checkpoint(self, object_id: str, paths: CheckpointPaths) -> None:
         rc, err = await runc_checkpoint.run(
-            [*self._runc_argv(), *runc_checkpoint.checkpoint_args(object_id, paths)],
+            [*self._runc_argv(object_id), *runc_checkpoint.checkpoint_args(object_id, paths)],
             self.criu_path_env)
         if rc != 0:
             text = runc_message(err)
             why = runc_checkpoint.criu_errors(os.path.join(paths.work, runc_checkpoint.DUMP_LOG))
-            raise Unknown(f"runc checkpoint {object_id} failed: {text}"
+            raise Unknown(f"{self.name} checkpoint {object_id} failed: {text}"
                           + (f" (CRIU: {why})" if why else ""))
 
     async def restore(self, opts: CreateOptions, images: str) -> int:

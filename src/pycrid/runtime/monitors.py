@@ -47,8 +47,13 @@ class _Watched:
 
 def read_pid(bundle: str) -> int:
     """conmon's pid from its pid file; 0 when there is none."""
+    return read_pid_file(os.path.join(bundle, PID_FILE))
+
+
+def read_pid_file(path: str) -> int:
+    """The pid a pid file holds; 0 when there is none (yet)."""
     try:
-        with open(os.path.join(bundle, PID_FILE)) as f:
+        with open(path) as f:
             return int(f.read().strip() or 0)
     except (OSError, ValueError):
         return 0
@@ -161,16 +166,21 @@ class MonitorWatch:
             log.exception("handling the end of the monitor of %s failed", object_id)
 
 
-async def monitor_gone(pid: int, object_id: str, within: float) -> bool:
-    """Whether the conmon of ``object_id`` at ``pid`` has ended (a pid that now names
-    another process counts as ended), waiting up to ``within`` seconds."""
+async def reap(pid: int, object_id: str, within: float) -> None:
+    """After a container's delete: wait (up to ``within`` seconds) for its conmon at
+    ``pid`` to write the exit and go, and kill one that stays, so a deleted container
+    leaves no monitor behind (a failed RunPodSandbox once left the pause's conmon
+    waiting for ever). ``pid`` 0: none was watched. The process is checked and killed
+    through one pidfd, so a pid reused meanwhile is never signalled."""
+    if pid <= 0:
+        return
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return True
+        return
     try:
         if not is_monitor_of(pid, object_id):  # checked with the pidfd held
-            return True
+            return
         loop = asyncio.get_running_loop()
         ended: asyncio.Future[None] = loop.create_future()
 
@@ -180,24 +190,16 @@ async def monitor_gone(pid: int, object_id: str, within: float) -> bool:
 
         loop.add_reader(fd, readable)
         try:
-            await asyncio.wait_for(ended, within)
-            return True
+            async with asyncio.timeout(within):
+                await ended
+            return
         except TimeoutError:
-            return False
+            pass
         finally:
             loop.remove_reader(fd)
+        log.warning("conmon %d of %s still runs %.0fs after its container was deleted; "
+                    "killing it", pid, object_id, within)
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
     finally:
         os.close(fd)
-
-
-async def reap(pid: int, object_id: str, within: float) -> None:
-    """After a container's delete: wait (up to ``within`` seconds) for its conmon at
-    ``pid`` to write the exit and go, and kill one that stays, so a deleted container
-    leaves no monitor behind (a failed RunPodSandbox once left the pause's conmon
-    waiting for ever). ``pid`` 0: none was watched."""
-    if pid <= 0 or await monitor_gone(pid, object_id, within):
-        return
-    log.warning("conmon %d of %s still runs %.0fs after its container was deleted; "
-                "killing it", pid, object_id, within)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)

@@ -31,8 +31,9 @@ from typing import Any
 from pycrid.errors import NotFound, Unimplemented, Unknown
 from pycrid.runtime import interactive, runsc_monitor
 from pycrid.runtime.conmon import MONITOR_EXIT_WAIT, ConmonRuntime
+from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import CreateOptions, RuncState
-from pycrid.runtime.monitors import reap
+from pycrid.runtime.monitors import read_pid_file, reap
 from pycrid.runtime.runc_cli import runc_message
 from pycrid.runtime.runsc_config import RunscProbe, RunscSettings
 from pycrid.stats.cgroup_hierarchy import Hierarchy, oom_kills, relative_cgroup
@@ -136,7 +137,7 @@ class RunscRuntime(ConmonRuntime):
             self._objects.pop(opts.id, None)
             raise _hinted(e) from None
         if obj.sub:  # the record shows the sandbox's pid, as gVisor's shim reports it
-            pid = runsc_monitor.read_pid(runsc_monitor.sandbox_pid_file(opts.bundle)) or pid
+            pid = read_pid_file(runsc_monitor.sandbox_pid_file(opts.bundle)) or pid
         return pid
 
     async def start(self, object_id: str) -> None:
@@ -190,14 +191,7 @@ class RunscRuntime(ConmonRuntime):
     async def delete(self, object_id: str) -> None:
         pid = await self._unwatch(object_id)
         obj = self._objects.get(object_id)
-        for _ in range(_DELETE_TRIES):
-            rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
-            # A sandbox on its way out (its pod is stopping) refuses its control socket
-            # for a moment before runsc sees it gone and deletes without it.
-            if rc == 0 or not any(s in err for s in _DYING):
-                break
-            await asyncio.sleep(0.1)
-        if rc != 0 and not any(s in err for s in _GONE):
+        if (err := await self._force_delete(object_id)) is not None:
             raise Unknown(f"runsc delete {object_id}: {err}")
         if obj is not None and obj.sub:
             # A container deleted before it started: its monitor's child still waits.
@@ -207,6 +201,27 @@ class RunscRuntime(ConmonRuntime):
             await asyncio.to_thread(self._remove_cgroups, obj.bundle, object_id)
         self._objects.pop(object_id, None)
         await reap(pid, object_id, MONITOR_EXIT_WAIT)
+
+    def checkpoint_refusal(self, runtime_handler: str) -> str | None:
+        return ("gVisor (runsc) containers cannot be checkpointed with CRIU: their "
+                "processes run on gVisor's own kernel (runsc's own checkpoint is not used)")
+
+    async def monitor_lost(self, object_id: str, bundle: str, reason: str = "") -> Exit | None:
+        found = await super().monitor_lost(object_id, bundle, reason)
+        if (obj := self._objects.get(object_id)) is not None and obj.sub:
+            # Lost before it started: its monitor's child still waits to be told.
+            await runsc_monitor.say(obj.bundle, "stop")
+        return found
+
+    async def _force_delete(self, object_id: str) -> str | None:
+        for _ in range(_DELETE_TRIES):
+            rc, _, err = await self._runc("delete", "--force", object_id, of=object_id)
+            # A sandbox on its way out (its pod is stopping) refuses its control socket
+            # for a moment before runsc sees it gone and deletes without it.
+            if rc == 0 or not any(s in err for s in _DYING):
+                break
+            await asyncio.sleep(0.1)
+        return None if rc == 0 or any(s in err for s in _GONE) else err
 
     def _remove_cgroups(self, bundle: str, object_id: str) -> None:
         try:
@@ -253,7 +268,7 @@ class RunscRuntime(ConmonRuntime):
 
             async def stop() -> None:
                 # The process runs in the sandbox: killing runsc exec would leave it.
-                pid = runsc_monitor.read_pid(internal)
+                pid = read_pid_file(internal)
                 if pid > 0:
                     await asyncio.wait_for(self._runc(
                         "kill", f"--pid={pid}", object_id, str(int(signal.SIGKILL)),

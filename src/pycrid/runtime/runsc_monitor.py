@@ -29,6 +29,8 @@ import contextlib
 import errno
 import os
 
+from pycrid.runtime.monitors import read_pid_file
+
 #: The monitor. Called by conmon as ``sh -c MONITOR pycrid-runsc-monitor RUNSC FLAGS...
 #: create --bundle B --pid-file P [--console-socket S] ID``.
 MONITOR = r"""
@@ -81,16 +83,8 @@ def sandbox_pid_file(bundle: str) -> str:
     return os.path.join(bundle, "pidfile.sandbox")
 
 
-def read_pid(path: str) -> int:
-    try:
-        with open(path) as f:
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
 def monitor_pid(bundle: str) -> int:
-    return read_pid(os.path.join(bundle, "pidfile"))
+    return read_pid_file(os.path.join(bundle, "pidfile"))
 
 
 def open_stdio(pid: int) -> list[int]:
