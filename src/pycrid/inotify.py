@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import errno
 import os
 import struct
 from dataclasses import dataclass
+
+from pycrid.errors import ResourceExhausted
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _IN_CLOEXEC = 0o2000000
@@ -53,6 +56,10 @@ class Inotify:
         wd = int(_libc.inotify_add_watch(self._fd, os.fsencode(path), mask))
         if wd < 0:
             err = ctypes.get_errno()
+            if err == errno.ENOSPC:  # not the disk: said so, or it would read as a full disk
+                raise ResourceExhausted(
+                    f"inotify_add_watch {path}: the node's inotify watch limit is reached "
+                    "(sysctl fs.inotify.max_user_watches)")
             raise OSError(err, f"inotify_add_watch {path}: {os.strerror(err)}")
         return wd
 

@@ -195,8 +195,9 @@ async def finish(aw: Awaitable[T]) -> T:
             if not task.done():
                 interrupted = True
     if interrupted:
-        if not task.cancelled():
-            task.exception()  # seen: the undo that follows handles what it did
+        if not task.cancelled() and (failed := task.exception()) is not None:
+            # The undo that follows handles what it did; the cancellation is the answer.
+            log.warning("a step failed while its operation was being cancelled: %s", failed)
         raise asyncio.CancelledError
     return task.result()
 

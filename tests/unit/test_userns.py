@@ -177,7 +177,10 @@ def test_chown_tree_shifts_every_file_and_keeps_set_id_bits(tmp_path: Path) -> N
     (root / "home").mkdir()
     os.chown(root / "home", 1000, 1000)
     os.symlink("/etc/passwd", root / "link")  # the link, never the host file it names
+    (root / "bin" / "sh").write_text("")
+    os.link(root / "bin" / "sh", root / "bin" / "ash")  # one file, two names: shifted once
     chown_tree(str(root), MAP)
+    assert (root / "bin" / "ash").stat().st_uid == HOST
     assert os.lstat(root).st_uid == HOST
     su = (root / "bin" / "su").stat()
     assert (su.st_uid, su.st_gid, stat.S_IMODE(su.st_mode)) == (HOST, HOST + 1000, 0o4755)

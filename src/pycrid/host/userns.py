@@ -112,7 +112,10 @@ class _Helper:
         assert self.proc.stdout is not None
         out = self.proc.stdout
         left = self.deadline - time.monotonic()
-        if left <= 0 or not select.select([out], [], [], left)[0]:
+        # poll, not select: the daemon's descriptors (a pidfd per conmon) pass 1024.
+        ready = select.poll()
+        ready.register(out, select.POLLIN)
+        if left <= 0 or not ready.poll(left * 1000):
             raise Internal(f"namespace helper did not answer within {_HELPER_TIMEOUT:.0f}s")
         line = out.readline().decode(errors="replace").strip()
         if line != word:

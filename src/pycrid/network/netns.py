@@ -3,8 +3,8 @@
 containerd creates the pod's netns before the pause container so the network
 can be wired first (CRI-TO-OCI.md §1.1); the pause container then joins it by
 path. A short-lived thread makes it (:mod:`pycrid.host.pins`) and raises ``lo``
-through an ioctl on a socket opened inside it. No ``ip``/``unshare``
-subprocess is needed. A pod in a user namespace gets its netns made inside a new
+through an ioctl on a socket opened inside it, with no ``ip``/``unshare``
+subprocess. A pod in a user namespace gets its netns made inside a new
 user namespace with the pod's mappings (containerd's ``setupNetnsWithinUserns``):
 only a process can do that (:mod:`pycrid.host.userns`), and the netns then holds
 that user namespace, which the sandbox controller pins as the pod's.

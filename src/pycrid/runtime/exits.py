@@ -82,7 +82,7 @@ class ExitWatcher:
         try:
             ino.add_watch(self.exit_dir,
                           inotify.CLOSE_WRITE | inotify.MOVED_TO | inotify.DELETE)
-        except OSError:
+        except BaseException:
             ino.close()
             raise
         self._ino = ino

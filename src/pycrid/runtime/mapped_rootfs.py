@@ -174,12 +174,19 @@ def remapped_parent(snapshotter: Snapshotter, parent: str | None, idmap: IDMap,
 
 def chown_tree(root: str, idmap: IDMap) -> None:
     """Every file under ``root`` (links themselves, never followed) to the host ids its
-    ids have in the pod; set-id bits, which chown clears, are put back."""
+    ids have in the pod; set-id bits, which chown clears, are put back. A file with
+    several names is changed once (where overlayfs keeps hard links on copy-up, its
+    second name would already show the host ids)."""
+    done: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [".", *dirnames, *filenames] if dirpath == root else \
                 [*dirnames, *filenames]:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) in done:
+                    continue
+                done.add((st.st_dev, st.st_ino))
             uid, gid = idmap.uid(st.st_uid), idmap.gid(st.st_gid)
             if uid is None or gid is None:
                 raise FailedPrecondition(

@@ -70,19 +70,21 @@ class Database:
         itself), so the connection is always usable afterwards. A full disk is NoSpace
         naming the database and ``what`` was written. A transaction that ``frees`` (a
         removal) may use the reserve when the disk is full."""
-        if frees:
-            self._release_reserve_if_full()
-        with self._lock, space.writing(f"{what} to the metadata database", self.path):
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        if not self._reserved and not frees:
-            self._hold_reserve()
+        # The reserve is kept under the lock too: one thread at a time makes or drops it.
+        with self._lock:
+            if frees:
+                self._release_reserve_if_full()
+            with space.writing(f"{what} to the metadata database", self.path):
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                    raise
+            if not self._reserved and not frees:
+                self._hold_reserve()
 
     def _hold_reserve(self) -> None:
         """Make the reserve again once there is room for it and more."""

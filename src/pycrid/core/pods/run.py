@@ -93,7 +93,11 @@ async def run_pod(parts: PodParts, config: pb.PodSandboxConfig, handler: str) ->
         undo.pop_all()
     # Its pins (a pod without a pause) are watched from now on; a pause is watched
     # through its conmon since it was created.
-    await parts.controller.watch(sid, functools.partial(lost, parts))
+    try:
+        await parts.controller.watch(sid, functools.partial(lost, parts))
+    except Exception:  # the pod is READY and recorded: answering an error would make
+        # the kubelet run a second one
+        log.exception("pod sandbox %s is ready, but watching its monitor failed", sid)
     log.info("pod sandbox %s is ready", sid)
     parts.events.emit(events.CREATED, sid, sid)
     parts.events.emit(events.STARTED, sid, sid)
