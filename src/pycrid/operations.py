@@ -77,6 +77,15 @@ def current_scope() -> CancelScope | None:
     return _current.get()
 
 
+def beyond_operation(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn`` called outside the running operation's scope: for what it registers that
+    outlives the operation (a loop reader, a timer, a task), which copies the context
+    it is made in and must not be stopped later because that client went away."""
+    ctx = contextvars.copy_context()
+    ctx.run(_current.set, None)
+    return ctx.run(fn, *args, **kwargs)
+
+
 def checkpoint(step: str) -> None:
     """Between two steps: raise ``Cancelled`` if the operation's client went away, so its
     undo runs from a known point."""
@@ -168,6 +177,15 @@ class Undo(contextlib.AsyncExitStack):
 
         super().push_async_callback(whole, *args, **kwds)
         return callback
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        # The steps undo whatever the cancellation left: they run outside its scope, so
+        # a named step inside one does not stop it half-way.
+        token = _current.set(None)
+        try:
+            return await super().__aexit__(*exc)
+        finally:
+            _current.reset(token)
 
 
 def _orphaned_outcome(task: asyncio.Task[Any]) -> None:

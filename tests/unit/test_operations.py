@@ -69,6 +69,42 @@ async def test_an_undoable_call_stops_at_its_next_step_and_undoes_all() -> None:
     await ops.aclose()
 
 
+
+async def test_undo_steps_and_what_outlives_the_call_are_outside_its_scope() -> None:
+    """Once the client has gone, a named step inside an undo step does not stop it, and a
+    timer the call armed (a monitor's watch) does not inherit the request either."""
+    ops = Operations(Owner("ops"))
+    log: list[str] = []
+    in_step = asyncio.Event()
+    timer_ran = asyncio.Event()
+
+    def later() -> None:
+        checkpoint("in a timer")  # would raise Cancelled inside the call's scope
+        log.append("timer")
+        timer_ran.set()
+
+    async def undo_step() -> None:
+        checkpoint("in the undo")
+        log.append("undone")
+
+    async def call() -> None:
+        loop = asyncio.get_running_loop()
+        async with Undo() as undo:
+            undo.push_async_callback(undo_step)
+            operations.beyond_operation(loop.call_later, 0.1, later)
+            in_step.set()
+            await asyncio.sleep(0.05)
+            checkpoint("next")
+
+    caller = asyncio.create_task(ops.run("CreateContainer", call(), undo_on_cancel=True))
+    await in_step.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.wait_for(timer_ran.wait(), 5)
+    assert log == ["undone", "timer"]
+    await ops.aclose()
+
 async def test_undo_steps_are_not_cut_short() -> None:
     log: list[str] = []
     started = asyncio.Event()

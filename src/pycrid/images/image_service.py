@@ -86,6 +86,9 @@ class ImageService:
                                            snapshotter=snapshotter, owner=self.owner)
         #: The daemon's pull counts, bytes and durations (None: not recorded).
         self.metrics = metrics
+        #: Annotation keys of an index or manifest, by digest (what a digest holds never
+        #: changes): asked at every CreateContainer, read once.
+        self._annotation_keys: dict[str, frozenset[str]] = {}
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -128,6 +131,22 @@ class ImageService:
     def status(self, ref_or_id: str) -> ImageView | None:
         rec = self.resolve_local(ref_or_id)
         return self.view(rec) if rec else None
+
+    def annotated(self, rec: ImageRecord, key: str) -> bool:
+        """Whether the image's index or manifest carries the annotation ``key``."""
+        for digest in dict.fromkeys((rec.target, rec.manifest)):
+            keys = self._annotation_keys.get(digest)
+            if keys is None:
+                try:
+                    doc = json.loads(self.content.read(digest))
+                except (NotFound, ValueError):
+                    continue
+                found = doc.get("annotations") if isinstance(doc, dict) else None
+                keys = frozenset(found) if isinstance(found, dict) else frozenset()
+                self._annotation_keys[digest] = keys
+            if key in keys:
+                return True
+        return False
 
     def verbose_info(self, rec: ImageRecord) -> dict[str, Any]:
         """ImageStatus verbose info: the image config and where it lives (containerd's shape)."""

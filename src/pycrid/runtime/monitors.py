@@ -27,6 +27,8 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pycrid.operations import beyond_operation
+
 log = logging.getLogger(__name__)
 
 #: conmon's own pid file in the bundle (``--conmon-pidfile``).
@@ -118,10 +120,11 @@ class MonitorWatch:
                 os.close(fd)
             return False
         self._watched[object_id] = _Watched(bundle, pid, fd, start_time(pid))
+        # The watch outlives the CreateContainer that armed it: not in its cancel scope.
         if fd >= 0:
-            loop.add_reader(fd, self._readable, object_id)
+            beyond_operation(loop.add_reader, fd, self._readable, object_id)
         elif self._poller is None:
-            self._poller = loop.call_later(POLL_EVERY, self._poll)
+            self._poller = beyond_operation(loop.call_later, POLL_EVERY, self._poll)
         return True
 
     def forget(self, object_id: str) -> int:

@@ -48,6 +48,7 @@ from pycrid.oci.spec import (
     pod_userns,
 )
 from pycrid.oci.spec_mounts import SandboxFiles
+from pycrid.operations import beyond_operation
 from pycrid.runtime.exits import Exit
 from pycrid.runtime.interface import RuncState
 from pycrid.sandbox.controller import (
@@ -191,7 +192,7 @@ class PinnedController(SandboxController):
         paths = list(((self._layout(sandbox_id) or {}).get("pins") or {}).values())
         if paths:
             self._watched[sandbox_id] = (paths, lost)
-            self._mounts.start()
+            beyond_operation(self._mounts.start)  # outlives the RunPodSandbox here
             self._look_at_pins()
         return None
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -67,14 +66,7 @@ def checkpoint_image(parts: ContainerParts, image: str) -> ImageRecord | None:
         return None
     if rec is None or not rec.chain:
         return None
-    for digest in dict.fromkeys((rec.target, rec.manifest)):
-        try:
-            doc = json.loads(parts.images.content.read(digest))
-        except (NotFound, ValueError):
-            continue
-        if isinstance(doc, dict) and CHECKPOINT_ANNOTATION in (doc.get("annotations") or {}):
-            return rec
-    return None
+    return rec if parts.images.annotated(rec, CHECKPOINT_ANNOTATION) else None
 
 
 @dataclass(frozen=True)
