@@ -141,8 +141,7 @@ def build_core(inputs: CoreInputs, settings: CoreConfig) -> CRIService:
 def _gvisor_seccomp(handlers: Mapping[str, HandlerSpec], default: str) -> dict[str, bool]:
     """The gVisor handlers ("" for the default when it is one), each with whether it applies
     OCI seccomp policies (runsc --oci-seccomp)."""
-    out = {name: (h.runsc.flag("oci-seccomp") or "false").lower() in ("true", "1")
-           for name, h in handlers.items() if h.runsc is not None}
+    out = {name: h.runsc.oci_seccomp for name, h in handlers.items() if h.runsc is not None}
     if default in out:
         out[""] = out[default]
     return out

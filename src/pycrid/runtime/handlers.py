@@ -271,9 +271,7 @@ class RuntimeRouter(ContainerRuntime):
     def close(self) -> None:
         """Stop watching monitors (the daemon is stopping; they go on)."""
         for rt in self.runtimes.values():
-            closer = getattr(rt, "close", None)
-            if callable(closer):
-                closer()
+            rt.close()
 
     def exit_of(self, object_id: str) -> Exit | None:
         return self._of(object_id).exit_of(object_id)

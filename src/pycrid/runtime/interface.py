@@ -167,6 +167,10 @@ class ContainerRuntime(abc.ABC):
         stats worker thread. None: read the container's cgroup, as for runc."""
         return None
 
+    def close(self) -> None:
+        """The daemon is stopping: stop what watches the containers (they run on)."""
+        return None
+
     # ---- checkpoint and restore (CRIU). A runtime that cannot refuses; the runc one
     # ---- overrides all five. -------------------------------------------------------
 

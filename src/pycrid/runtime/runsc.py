@@ -90,8 +90,10 @@ class RunscRuntime(ConmonRuntime):
         super().__init__(state_dir=state_dir, runc=settings.binary, conmon=conmon,
                          runc_root=settings.root, cgroups=cgroups, owner=owner)
         self.settings = settings
+        # Not the base class's systemd_cgroup: conmon would put --systemd-cgroup before the
+        # runtime's own arguments, and its runtime here is the monitor script.
         self.cgroup_flag = ["--systemd-cgroup"] if systemd_cgroup else []
-        #: runsc has an ``update`` command (gVisor releases from 2026 on) and its version.
+        #: runsc has an ``update`` command (probed at start; newer gVisor) and its version.
         self.can_update, self.version = probe.can_update, probe.version
         #: Every cgroup hierarchy's mount point (named ones too: runsc makes its
         #: containers' cgroups in each).

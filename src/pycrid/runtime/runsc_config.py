@@ -65,6 +65,12 @@ class RunscSettings:
     def flag(self, name: str) -> str | None:
         return next((v for k, v in self.flags if k == name), None)
 
+    @property
+    def oci_seccomp(self) -> bool:
+        """runsc applies the spec's seccomp profile in the sandbox (``--oci-seccomp``, read
+        as Go's strconv.ParseBool reads it)."""
+        return (self.flag("oci-seccomp") or "") in ("1", "t", "T", "true", "TRUE", "True")
+
     def args(self, pod_id: str) -> list[str]:
         """The flags for one pod's commands (``--name=value``, %ID% filled in)."""
         return [f"--{k}={v.replace('%ID%', pod_id) if k in PATH_FLAGS else v}"

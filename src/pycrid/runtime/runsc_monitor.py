@@ -102,8 +102,9 @@ def open_stdio(pid: int) -> list[int]:
 
 
 async def say(bundle: str, word: str) -> bool:
-    """Tell the monitor's child ``word`` (``start``: wait for the container; ``stop``: it
-    never started, wait and be done). False when no child listens (it is gone)."""
+    """Wake the monitor's child, which then becomes ``runsc wait`` (``word``, start or
+    stop, is for the log: after a start it waits for the container's exit, after a
+    delete runsc answers at once). False when no child listens (it is gone)."""
     path = os.path.join(bundle, GO_FIFO)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _GO_WAIT
