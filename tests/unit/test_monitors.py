@@ -186,3 +186,18 @@ def test_reap_kills_a_conmon_that_stays_and_nothing_else() -> None:
     finally:
         stays.kill()
         stays.wait()
+
+
+def test_kill_monitor_kills_only_the_containers_conmon() -> None:
+    cid = "d" * 64
+    other = subprocess.Popen(["sleep", "30"])
+    conmon = _fake_conmon(cid)
+    try:
+        monitors.kill_monitor(other.pid, cid)  # a pid that is not its conmon (reused)
+        monitors.kill_monitor(conmon.pid, cid)
+        assert conmon.wait(10) == -9
+        assert other.poll() is None
+    finally:
+        for proc in (other, conmon):
+            proc.kill()
+            proc.wait()

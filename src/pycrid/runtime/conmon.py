@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import tempfile
 import time
 from typing import Any
@@ -38,7 +37,7 @@ from pycrid.runtime.interface import (
     ExecResult,
     RuncState,
 )
-from pycrid.runtime.monitors import MonitorWatch, read_pid, reap
+from pycrid.runtime.monitors import MonitorWatch, kill_monitor, read_pid, reap
 from pycrid.runtime.runc_checkpoint import NO_CHECKPOINTS, CheckpointSupport
 from pycrid.runtime.runc_cli import CappedSink, find_binary, read_sync, runc_message
 from pycrid.runtime.signals import signal_init
@@ -219,7 +218,7 @@ class ConmonRuntime(ContainerRuntime):
         try:
             message = await asyncio.wait_for(read_sync(rfd), CREATE_TIMEOUT)
         except TimeoutError:
-            await self._kill_conmon(bundle)
+            kill_monitor(read_pid(bundle), opts.id)
             raise Unknown(f"conmon did not report container {opts.id} within "
                           f"{CREATE_TIMEOUT:.0f}s") from None
         finally:
@@ -293,10 +292,6 @@ class ConmonRuntime(ContainerRuntime):
             object_id, LOST_EXIT_CODE, time.time_ns(), reason=reason,
             message="its monitor (conmon) died; what was left of the container was killed"))
 
-    async def _kill_conmon(self, bundle: str) -> None:
-        if (pid := read_pid(bundle)) > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
     # ---- checkpoint and restore ------------------------------------------------------
 

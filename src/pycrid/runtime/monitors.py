@@ -169,6 +169,23 @@ class MonitorWatch:
             log.exception("handling the end of the monitor of %s failed", object_id)
 
 
+def kill_monitor(pid: int, object_id: str) -> None:
+    """SIGKILL the conmon of ``object_id`` at ``pid`` (0: none), checked and signalled
+    through one pidfd, so a pid reused meanwhile is never signalled."""
+    if pid <= 0:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if is_monitor_of(pid, object_id):
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+
+
 async def reap(pid: int, object_id: str, within: float) -> None:
     """After a container's delete: wait (up to ``within`` seconds) for its conmon at
     ``pid`` to write the exit and go, and kill one that stays, so a deleted container
