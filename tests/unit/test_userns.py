@@ -15,11 +15,10 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import FailedPrecondition, Internal, InvalidArgument
+from pycrid.host.idmap import IDMap, IDRange
 from pycrid.host.mounts import idmapped_bind, unmount
 from pycrid.host.pins import is_pinned, unpin
 from pycrid.host.userns import (
-    IDMap,
-    IDRange,
     NamespaceRequest,
     blocked_dir,
     open_userns,

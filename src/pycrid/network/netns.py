@@ -18,7 +18,8 @@ import socket
 import struct
 
 from pycrid.host import pins
-from pycrid.host.userns import IDMap, NamespaceRequest, pin_namespaces
+from pycrid.host.idmap import IDMap
+from pycrid.host.userns import NamespaceRequest, pin_namespaces
 
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914

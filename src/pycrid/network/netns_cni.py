@@ -17,7 +17,7 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.host.userns import IDMap
+from pycrid.host.idmap import IDMap
 from pycrid.network.cni_args import bandwidth
 from pycrid.network.netns import connect_in, create_netns, is_pinned, remove_netns
 from pycrid.network.pod_networks import PodNetworks

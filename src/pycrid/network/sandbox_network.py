@@ -16,7 +16,7 @@ from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.host.userns import IDMap
+from pycrid.host.idmap import IDMap
 
 
 class SandboxNetwork(abc.ABC):

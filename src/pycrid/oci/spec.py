@@ -16,7 +16,7 @@ from typing import Any, Literal
 from cri_api.v1 import api_pb2 as pb
 
 from pycrid.errors import InvalidArgument
-from pycrid.host.userns import IDMap, IDRange
+from pycrid.host.idmap import IDMap, IDRange
 from pycrid.oci.defaults import Spec
 from pycrid.oci.security import validate_sysctls
 

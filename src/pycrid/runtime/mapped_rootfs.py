@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 from pycrid.errors import AlreadyExists, FailedPrecondition, Internal, NotFound
 from pycrid.faults import failpoint
+from pycrid.host.idmap import IDMap
 from pycrid.host.mounts import Mount, idmapped_bind, mount, unmount
-from pycrid.host.userns import IDMap, open_userns
+from pycrid.host.userns import open_userns
 from pycrid.images.snapshots import TEMP_PREFIX, Snapshotter
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,9 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.faults import failpoint
 from pycrid.host import space
+from pycrid.host.idmap import IDMap
 from pycrid.host.mounts import Mount, mount, unmount
-from pycrid.host.userns import IDMap, open_to_mapped_root
+from pycrid.host.userns import open_to_mapped_root
 from pycrid.oci.spec_mounts import SandboxFiles
 from pycrid.sandbox.pod_userns import check_reachable
 

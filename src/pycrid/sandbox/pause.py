@@ -21,7 +21,7 @@ from typing import Any
 from pycrid.errors import InvalidArgument, NotFound
 from pycrid.faults import failpoint, step
 from pycrid.host import space
-from pycrid.host.userns import IDMap
+from pycrid.host.idmap import IDMap
 from pycrid.images.snapshots import Snapshotter
 from pycrid.oci.resources import with_sandbox_shares
 from pycrid.oci.sandbox_spec import SandboxSpecRequest, sandbox_spec

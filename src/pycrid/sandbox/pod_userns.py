@@ -14,7 +14,8 @@ import os
 
 from pycrid.errors import FailedPrecondition
 from pycrid.host import pins
-from pycrid.host.userns import IDMap, NamespaceRequest, blocked_dir, pin_namespaces, pin_owner
+from pycrid.host.idmap import IDMap
+from pycrid.host.userns import NamespaceRequest, blocked_dir, pin_namespaces, pin_owner
 
 
 def user_pin(pod_dir: str) -> str:
