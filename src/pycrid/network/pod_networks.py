@@ -22,7 +22,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid import inotify
 from pycrid.config.schema import CNIConfig, RuntimeHandlerConfig
-from pycrid.errors import FailedPrecondition, InvalidArgument, Unknown
+from pycrid.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unknown
 from pycrid.network.cache import ResultCache
 from pycrid.network.cni import CNINetwork, NotReady
 from pycrid.network.cni_args import EGRESS_ANNOTATION, INGRESS_ANNOTATION, attachment
@@ -178,9 +178,10 @@ def _try_watch(conf_dir: str) -> inotify.Inotify | None:
     ino = inotify.Inotify()
     try:
         ino.add_watch(conf_dir, _WATCH_MASK)
-    except OSError as e:
+    except (OSError, ResourceExhausted) as e:  # not there yet; or the watch limit
         ino.close()
-        log.debug("cannot watch %s (%s); retrying", conf_dir, e.strerror)
+        log.debug("cannot watch %s (%s); retrying", conf_dir,
+                  e.strerror if isinstance(e, OSError) else e)
         return None
     return ino
 
