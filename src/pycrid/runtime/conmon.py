@@ -292,7 +292,6 @@ class ConmonRuntime(ContainerRuntime):
             object_id, LOST_EXIT_CODE, time.time_ns(), reason=reason,
             message="its monitor (conmon) died; what was left of the container was killed"))
 
-
     # ---- checkpoint and restore ------------------------------------------------------
 
     def checkpoint_refusal(self, runtime_handler: str) -> str | None:
