@@ -24,7 +24,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pycrid.operations import beyond_operation
@@ -169,57 +169,64 @@ class MonitorWatch:
             log.exception("handling the end of the monitor of %s failed", object_id)
 
 
-def kill_monitor(pid: int, object_id: str) -> None:
-    """SIGKILL the conmon of ``object_id`` at ``pid`` (0: none), checked and signalled
-    through one pidfd, so a pid reused meanwhile is never signalled."""
-    if pid <= 0:
-        return
+@contextlib.contextmanager
+def _monitor_pidfd(pid: int, object_id: str) -> Iterator[int | None]:
+    """A pidfd of the conmon of ``object_id`` at ``pid``; None when there is none (pid 0,
+    gone, or now another process: checked with the pidfd held, so a pid reused
+    meanwhile is never signalled)."""
     try:
-        fd = os.pidfd_open(pid)
+        fd = os.pidfd_open(pid) if pid > 0 else -1
     except ProcessLookupError:
+        fd = -1
+    if fd < 0:
+        yield None
         return
     try:
-        if is_monitor_of(pid, object_id):
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        yield fd if is_monitor_of(pid, object_id) else None
     finally:
         os.close(fd)
+
+
+def _kill(pidfd: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+
+def kill_monitor(pid: int, object_id: str) -> None:
+    """SIGKILL the conmon of ``object_id`` at ``pid`` (0: none)."""
+    with _monitor_pidfd(pid, object_id) as fd:
+        if fd is not None:
+            _kill(fd)
 
 
 async def reap(pid: int, object_id: str, within: float) -> None:
     """After a container's delete: wait (up to ``within`` seconds) for its conmon at
     ``pid`` to write the exit and go, and kill one that stays, so a deleted container
     leaves no monitor behind (a failed RunPodSandbox once left the pause's conmon
-    waiting for ever). ``pid`` 0: none was watched. The process is checked and killed
-    through one pidfd, so a pid reused meanwhile is never signalled."""
-    if pid <= 0:
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if not is_monitor_of(pid, object_id):  # checked with the pidfd held
+    waiting for ever). ``pid`` 0: none was watched."""
+    with _monitor_pidfd(pid, object_id) as fd:
+        if fd is None or await _ends(fd, within):
             return
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[None] = loop.create_future()
-
-        def readable() -> None:  # a pidfd turns readable when its process ends
-            if not ended.done():
-                ended.set_result(None)
-
-        loop.add_reader(fd, readable)
-        try:
-            async with asyncio.timeout(within):
-                await ended
-            return
-        except TimeoutError:
-            pass
-        finally:
-            loop.remove_reader(fd)
         log.warning("conmon %d of %s still runs %.0fs after its container was deleted; "
                     "killing it", pid, object_id, within)
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        _kill(fd)
+
+
+async def _ends(pidfd: int, within: float) -> bool:
+    """Whether the process ends within ``within`` seconds (a pidfd turns readable then)."""
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        async with asyncio.timeout(within):
+            await ended
+        return True
+    except TimeoutError:
+        return False
     finally:
-        os.close(fd)
+        loop.remove_reader(pidfd)
