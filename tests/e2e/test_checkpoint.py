@@ -278,13 +278,10 @@ def test_crictl_checkpoint_and_restore(daemon: Daemon, pods: Pods, base: Path,
                                       clean: None, tmp_path: Path) -> None:
     """The same with the real crictl: ``crictl checkpoint --export``, then ``crictl create``
     of the archive (no pull) and ``crictl start``."""
-    binary = interop.require("crictl")
-    config = tmp_path / "crictl.yaml"
-    config.write_text(f"runtime-endpoint: unix://{daemon.address}\n"
-                      f"image-endpoint: unix://{daemon.address}\ntimeout: 60\n")
+    argv = interop.crictl(daemon.address, tmp_path, timeout=60)
 
     def crictl(*args: str) -> str:
-        done = subprocess.run([str(binary), "--config", str(config), *args],
+        done = subprocess.run([*argv, *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()

@@ -28,7 +28,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from tests.e2e.test_recovery import STARTED, STOPPED, Subscriber
-from tests.e2e.test_streaming import _crictl, _in_terminal, _run
+from tests.e2e.test_streaming import _in_terminal, _run
 from tests.support import interop
 from tests.support.daemon import Daemon, running_daemon
 from tests.support.images import TestImages
@@ -112,7 +112,7 @@ def test_status_offers_runsc_without_config(daemon: Daemon) -> None:
 def test_crictl_lifecycle(daemon: Daemon, web: str, tmp_path: Path) -> None:
     """The real crictl, as a user runs a RuntimeClass pod: runp --runtime runsc, create,
     start, logs, exec (sync and both streaming transports), stats, stop, rm."""
-    crictl = _crictl(daemon, tmp_path)
+    crictl = interop.crictl(daemon.address, tmp_path)
     (tmp_path / "logs").mkdir()
     pod_json = tmp_path / "pod.json"
     pod_json.write_text(json.dumps({
@@ -182,7 +182,7 @@ def test_port_forward_and_attach_with_crictl(daemon: Daemon, pods: Pods, tmp_pat
     (busybox httpd, the interop web server, nc -e) reads nothing when the request comes
     later than the connect, which a port-forward's always does (a gVisor bug)."""
     sid, config = _runsc_pod(pods, tmp_path)
-    crictl = _crictl(daemon, tmp_path)
+    crictl = interop.crictl(daemon.address, tmp_path)
     for port, transport in ((8081, "spdy"), (8082, "websocket")):
         nc = pods.run_container(sid, container_config(
             daemon.extra["busybox"], f"nc-{transport}", log_path=f"nc-{transport}.log",

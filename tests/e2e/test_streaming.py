@@ -12,7 +12,6 @@ import re
 import secrets
 import select
 import signal
-import socket
 import struct
 import subprocess
 import termios
@@ -25,7 +24,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support import interop
+from tests.support import interop, network
 from tests.support.daemon import Daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
@@ -359,16 +358,6 @@ async def test_many_concurrent_execs(daemon: Daemon, pod: Any) -> None:
 TRANSPORT_NAMES = ["websocket", "spdy"]
 
 
-def _crictl(daemon: Daemon, tmp: Path) -> list[str]:
-    """The real crictl pointed at the test daemon by a config file of its own (no host
-    /etc/crictl.yaml, and no warning about a missing one); skips when it is absent."""
-    binary = interop.require("crictl")
-    config = tmp / "crictl.yaml"
-    config.write_text(f"runtime-endpoint: unix://{daemon.address}\n"
-                      f"image-endpoint: unix://{daemon.address}\ntimeout: 30\n")
-    return [str(binary), "--config", str(config)]
-
-
 def _run(argv: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(argv, input=stdin, capture_output=True, timeout=120)
 
@@ -383,7 +372,7 @@ def _exec_failed_line(cid: str, code: int) -> re.Pattern[bytes]:
 def test_crictl_exec_exit_codes(daemon: Daemon, pod: Any, tmp_path: Path,
                                 transport: str) -> None:
     _, _, _, cid = pod
-    crictl = [*_crictl(daemon, tmp_path), "exec", "-r", transport, cid, "sh", "-c"]
+    crictl = [*interop.crictl(daemon.address, tmp_path), "exec", "-r", transport, cid, "sh", "-c"]
     ok = _run([*crictl, "echo out; echo err >&2"])
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, b"out\n", b"err\n")
     failed = _run([*crictl, "echo out; echo err >&2; exit 7"])
@@ -396,7 +385,7 @@ def test_crictl_exec_exit_codes(daemon: Daemon, pod: Any, tmp_path: Path,
 @pytest.mark.parametrize("transport", TRANSPORT_NAMES)
 def test_crictl_exec_stdin(daemon: Daemon, pod: Any, tmp_path: Path, transport: str) -> None:
     _, _, _, cid = pod
-    crictl = [*_crictl(daemon, tmp_path), "exec", "-i", "-r", transport, cid]
+    crictl = [*interop.crictl(daemon.address, tmp_path), "exec", "-i", "-r", transport, cid]
     hi = _run([*crictl, "cat"], stdin=b"hi\n")
     assert (hi.returncode, hi.stdout, hi.stderr) == (0, b"hi\n", b"")
     # More than a pipe and a socket buffer hold, then stdin's end reaches the process.
@@ -440,7 +429,7 @@ def _in_terminal(argv: list[str], typed: bytes, rows: int, cols: int) -> tuple[i
 def test_crictl_exec_tty(daemon: Daemon, pod: Any, tmp_path: Path, transport: str) -> None:
     _, _, _, cid = pod
     status, screen = _in_terminal(
-        [*_crictl(daemon, tmp_path), "exec", "-it", "-r", transport, cid, "sh"],
+        [*interop.crictl(daemon.address, tmp_path), "exec", "-it", "-r", transport, cid, "sh"],
         b"stty size; tty; exit 3\r", rows=33, cols=111)
     lines = screen.replace(b"\r", b"")  # both terminals on the way add carriage returns
     assert b"\n33 111\n" in lines and b"\n/dev/pts/0\n" in lines, screen
@@ -450,7 +439,7 @@ def test_crictl_exec_tty(daemon: Daemon, pod: Any, tmp_path: Path, transport: st
 
 def test_crictl_exec_sync(daemon: Daemon, pod: Any, tmp_path: Path) -> None:
     _, _, _, cid = pod
-    crictl = [*_crictl(daemon, tmp_path), "exec", "-s", cid, "sh", "-c"]
+    crictl = [*interop.crictl(daemon.address, tmp_path), "exec", "-s", cid, "sh", "-c"]
     ok = _run([*crictl, "echo out; echo err >&2"])
     # crictl prints both buffers on stdout, each with a newline after it.
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, b"out\n\nerr\n\n", b"")
@@ -469,23 +458,14 @@ def test_crictl_attach(daemon: Daemon, pod: Any, tmp_path: Path, transport: str)
     try:
         # The container waits for a line only the attach can give it; its end (with
         # whatever code) ends the attach with success.
-        result = _run([*_crictl(daemon, tmp_path), "attach", "-i", "-r", transport, cid],
-                      stdin=b"one\n")
+        result = _run([*interop.crictl(daemon.address, tmp_path), "attach", "-i", "-r",
+                       transport, cid], stdin=b"one\n")
         assert (result.returncode, result.stdout, result.stderr) == (
             0, b"got:one\n", b"err:one\n")
         assert pods.wait_state(cid, pb.CONTAINER_EXITED).exit_code == 4
     finally:
         pods.stop(cid)
         pods.remove(cid)
-
-
-def _http_get(port: int) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-        conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        response = bytearray()
-        while chunk := conn.recv(65536):
-            response += chunk
-    return bytes(response)
 
 
 @pytest.mark.parametrize("transport", TRANSPORT_NAMES)
@@ -495,7 +475,7 @@ def test_crictl_port_forward(daemon: Daemon, pod: Any, tmp_path: Path,
     """``-r websocket`` is SPDY tunnelled in a WebSocket (client-go's tunneling dialer)."""
     _, sid, _, _ = pod
     proc = subprocess.Popen(
-        [*_crictl(daemon, tmp_path), "port-forward", "-r", transport, sid, "0:8080"],
+        [*interop.crictl(daemon.address, tmp_path), "port-forward", "-r", transport, sid, "0:8080"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     try:
@@ -504,7 +484,7 @@ def test_crictl_port_forward(daemon: Daemon, pod: Any, tmp_path: Path,
         assert found, (first, proc.poll())
         port = int(found.group(1))
         for _ in range(3):
-            response = _http_get(port)
+            response = network.http_get(port)
             assert response.startswith(b"HTTP/1.") and response.endswith(PAGE.encode())
         proc.send_signal(signal.SIGINT)  # how a user stops it
         out, err = proc.communicate(timeout=30)

@@ -29,7 +29,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support import interop
+from tests.support import interop, network
 from tests.support.daemon import Daemon, mapped_root_state, nri_paths, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import (
@@ -227,23 +227,6 @@ def test_volumes_with_and_without_the_pods_mappings(daemon: Daemon, pods: Pods,
     assert "uidMappings" not in by_dest["/dev/shm"]
 
 
-def _crictl(daemon: Daemon, tmp: Path) -> list[str]:
-    binary = interop.require("crictl")
-    config = tmp / "crictl.yaml"
-    config.write_text(f"runtime-endpoint: unix://{daemon.address}\n"
-                      f"image-endpoint: unix://{daemon.address}\ntimeout: 30\n")
-    return [str(binary), "--config", str(config)]
-
-
-def _http_get(port: int) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-        conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        response = bytearray()
-        while chunk := conn.recv(65536):
-            response += chunk
-    return bytes(response)
-
-
 @pytest.mark.timeout(180)
 def test_exec_attach_port_forward_and_stats(daemon: Daemon, pods: Pods,
                                             tmp_path: Path) -> None:
@@ -256,7 +239,7 @@ def test_exec_attach_port_forward_and_stats(daemon: Daemon, pods: Pods,
         daemon.extra["busybox"], host, "web", command=["sh", "-c",
             f"mkdir -p /www && printf '{PAGE}' > /www/index.html && exec httpd -f -p 8080 "
             "-h /www"]), pod)
-    crictl = _crictl(daemon, tmp_path)
+    crictl = interop.crictl(daemon.address, tmp_path)
     out = subprocess.run([*crictl, "exec", "-i", "-r", "websocket", web, "sh", "-c",
                           "cat; id -u"], input=b"in\n", capture_output=True, timeout=120)
     assert (out.returncode, out.stdout, out.stderr) == (0, b"in\n0\n", b""), out
@@ -273,7 +256,7 @@ def test_exec_attach_port_forward_and_stats(daemon: Daemon, pods: Pods,
         first = proc.stdout.readline()
         found = re.fullmatch(rb"Forwarding from 127\.0\.0\.1:(\d+) -> 8080\n", first)
         assert found, (first, proc.poll())
-        response = wait_for(lambda: (r := _http_get(int(found.group(1)))).endswith(
+        response = wait_for(lambda: (r := network.http_get(int(found.group(1)))).endswith(
             PAGE.encode()) and r, 30, "the page through port-forward")
         assert response.startswith(b"HTTP/1.")
     finally:

@@ -40,6 +40,17 @@ def require(name: str) -> Path:
     return path
 
 
+def crictl(address: str, tmp: Path, timeout: int = 30) -> list[str]:
+    """The real crictl's argv, pointed at the daemon at ``address`` by a config file of its
+    own in ``tmp`` (no host /etc/crictl.yaml, and no warning about a missing one); skips
+    when it is absent."""
+    binary = require("crictl")
+    config = tmp / "crictl.yaml"
+    config.write_text(f"runtime-endpoint: unix://{address}\n"
+                      f"image-endpoint: unix://{address}\ntimeout: {timeout}\n")
+    return [str(binary), "--config", str(config)]
+
+
 @dataclass(frozen=True)
 class LayoutImage:
     """One manifest of the OCI layout and the repository:tag names it is pushed under."""

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import secrets
+import socket
 import subprocess
 import time
 from collections.abc import Collection
@@ -240,3 +241,13 @@ def ip_forward() -> str:
 def set_ip_forward(value: str) -> None:
     with contextlib.suppress(OSError), open("/proc/sys/net/ipv4/ip_forward", "w") as f:
         f.write(value)
+
+
+def http_get(port: int) -> bytes:
+    """The whole answer to ``GET /`` on 127.0.0.1:``port`` (HTTP/1.0: the server closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        response = bytearray()
+        while chunk := conn.recv(65536):
+            response += chunk
+    return bytes(response)
