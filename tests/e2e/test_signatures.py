@@ -299,3 +299,55 @@ def _copy_manifest(client: Any, src: str, dst: str, body: bytes) -> None:
     r = client.request("PUT", f"/v2/{dst}/manifests/v1", body=body,
                        headers={"Content-Type": doc["mediaType"]})
     assert r.status == 201
+
+
+def static_pod(name: str, image: str) -> str:
+    return f"""apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {image}
+    imagePullPolicy: Always
+    command: ["sleep", "3600"]
+"""
+
+
+def test_kubelet_shows_the_reasons(signed: SignedRegistry, node: Daemon,
+                                   tmp_path: Path) -> None:
+    """The real kubelet (standalone, static pods): a pod whose image the policy refuses
+    waits with reason SignatureValidationFailed, one from an unreachable registry with
+    RegistryUnavailable (the kubelet reads both names only from UNKNOWN answers)."""
+    from tests.e2e.test_kubelet import remove_pods
+    from tests.support.kubelet import running_kubelet
+    from tests.support.pods import wait_for
+
+    kubelet = interop.require("kubelet")
+    policy = Path(node.extra["policy"])
+    policy.write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}],
+                                  "transports": {"docker": {
+                                      signed.host: [sigstore(signed.key_a)],
+                                      f"{signed.host}/pause": [
+                                          {"type": "insecureAcceptAnything"}]}}}))
+    seen: dict[str, set[str]] = {"unsigned": set(), "unreachable": set()}
+    pods = {"unsigned.yaml": static_pod("unsigned", signed.ref("busybox:latest")),
+            "unreachable.yaml": static_pod("unreachable", "127.0.0.1:1/nothing/here:v1")}
+    with running_kubelet(str(kubelet), str(tmp_path / "kubelet"), runtime_socket=node.address,
+                         manifests=pods, cleanup=remove_pods(node)) as k:
+        def reasons() -> bool:
+            for p in json.loads(k.get("/pods")).get("items", []):
+                name = p["metadata"]["name"].split("-pycrid-test-node")[0]
+                for c in (p.get("status") or {}).get("containerStatuses") or []:
+                    waiting = (c.get("state") or {}).get("waiting") or {}
+                    if name in seen and waiting.get("reason"):
+                        seen[name].add(waiting["reason"])
+            return ("SignatureValidationFailed" in seen["unsigned"]
+                    and "RegistryUnavailable" in seen["unreachable"])
+
+        try:
+            wait_for(reasons, 120, "the pods' waiting reasons")
+        except AssertionError:
+            raise AssertionError(f"waiting reasons seen: {seen}\n{k.log()[-4000:]}") from None
+    clear(node)
