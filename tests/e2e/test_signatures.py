@@ -351,3 +351,24 @@ def test_kubelet_shows_the_reasons(signed: SignedRegistry, node: Daemon,
         except AssertionError:
             raise AssertionError(f"waiting reasons seen: {seen}\n{k.log()[-4000:]}") from None
     clear(node)
+
+
+def test_status_shows_the_policy_in_force(signed: SignedRegistry, node: Daemon) -> None:
+    import subprocess
+    import sys
+
+    Path(node.extra["policy"]).write_text('{"default": [{"type": "insecureAcceptAnything"}]}')
+    (Path(node.extra["policies"]) / "team-a.json").write_text(
+        '{"default": [{"type": "reject"}]}')
+    try:
+        st = node.client.runtime.Status(pb.StatusRequest(verbose=True), timeout=10)
+        sp = json.loads(st.info["images"])["signature_policy"]
+        assert sp["signature_policy"] == node.extra["policy"] and sp["state"] == "in force"
+        assert sp["namespaces"] == ["team-a"]
+        assert sp["registries_d"] == str(signed.registries_d)
+        out = subprocess.run([sys.executable, "-m", "pycrid", "status", "--address",
+                              node.address], capture_output=True, text=True, timeout=60).stdout
+        line = next(x for x in out.splitlines() if x.startswith("Signature policy"))
+        assert node.extra["policy"] in line and "in force" in line and "team-a" in line
+    finally:
+        (Path(node.extra["policies"]) / "team-a.json").unlink()
