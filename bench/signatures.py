@@ -26,10 +26,6 @@ import time
 from pathlib import Path
 
 from cri_api.v1 import api_pb2 as pb
-
-from pycrid.images.policy import payload as pl
-from pycrid.images.policy.enforcer import PolicySettings, SignaturePolicy
-from pycrid.images.policy.sources import SignatureSource
 from tests.support.daemon import running_daemon
 from tests.support.images import (
     big_layer,
@@ -42,6 +38,10 @@ from tests.support.pods import Pods, pod_config
 from tests.support.registry import LocalRegistry
 from tests.support.signed_registry import push_attachment
 from tests.support.signing import GnuPG, SigstoreKey, claim
+
+from pycrid.images.policy import payload as pl
+from pycrid.images.policy.enforcer import PolicySettings, SignaturePolicy
+from pycrid.images.policy.sources import SignatureSource
 
 REPO = "bench/signed"
 
