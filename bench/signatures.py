@@ -170,18 +170,18 @@ async def _check_costs(base: Path, policies: dict[str, str], rd: Path, ref: str,
         path.write_text(policies[name])
         sp = SignaturePolicy(PolicySettings(str(path), False, "", str(rd)),
                              SignatureSource(RegistryClient(RegistryHosts(None)), None), store)
-        await sp.check_run([ref], digest, "default")
+        await sp.check_run(ref, digest, "default")
         times = []
         for _ in range(200):
             t = time.perf_counter()
-            await sp.check_run([ref], digest, "default")
+            await sp.check_run(ref, digest, "default")
             times.append(time.perf_counter() - t)
         out[f"{name}_remembered"] = median_ms(times)
         times = []
         for _ in range(20 if name == "gpg" else 100):
             sp._verdicts.clear()
             t = time.perf_counter()
-            await sp.check_run([ref], digest, "default")
+            await sp.check_run(ref, digest, "default")
             times.append(time.perf_counter() - t)
         out[f"{name}_afresh"] = median_ms(times)
         await sp.close()

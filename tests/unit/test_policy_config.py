@@ -185,3 +185,15 @@ DIGESTED = parse_named(f"quay.io/ns/app@{D}")
 ])
 def test_signed_identity(identity: Identity, intended: Named, signed: str, ok: bool) -> None:
     assert matches(identity, intended, signed) is ok
+
+
+def test_names_a_container_is_checked_under() -> None:
+    from pycrid.images.policy.enforcer import check_names, intended
+    from pycrid.images.reference import parse_reference
+
+    digest = "sha256:" + "f" * 64
+    # Image ids are not names (sha256:<hex> would parse as a repository "sha256").
+    assert check_names(["", digest, "f" * 64, "Bad Name", "busybox:1"]) == ["busybox:1"]
+    both = parse_reference(f"q.io/app:v1@{digest}")
+    assert intended(both) == Named("q.io/app", None, digest)
+    assert intended(parse_reference("q.io/app")) == Named("q.io/app", "latest", None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid.config.schema import ImagesConfig
-from pycrid.errors import InvalidArgument, NotFound
+from pycrid.errors import InvalidArgument, NotFound, SignatureValidationFailed
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
@@ -213,7 +213,7 @@ class ImageService:
                 # Content addressed and present: nothing to ask the registry (the policy
                 # is asked with the signatures kept from its pull).
                 if self.policy is not None:
-                    await self.policy.check_run([image], have.target, namespace, creds)
+                    await self.policy.check_run(image, have.target, namespace, creds)
                 return self.store.put(have, {str(ref)} if ref.tag else set())
         async with self._collector.pulling():
             desc = await self.client.resolve(ref, creds)
@@ -255,11 +255,17 @@ class ImageService:
 
     async def check_run(self, rec: ImageRecord, names: list[str], namespace: str) -> None:
         """Refuse (SignatureValidationFailed) unless the signature policy of ``namespace``
-        lets a container run from ``rec`` under the first of ``names`` that is a
-        reference (else under the names the image has)."""
-        if self.policy is not None:
-            await self.policy.check_run(check_names(names) or sorted(rec.names), rec.target,
-                                        namespace)
+        lets a container run from ``rec`` under the first of ``names`` that is a reference
+        (the kubelet's ``user_specified_image``); with none, under every name the image
+        has (CRI-O refuses then; an image without names is refused)."""
+        if self.policy is None:
+            return
+        asked = check_names(names)[:1] or sorted(rec.names)
+        if not asked and self.policy.policy_for(namespace) is not None:
+            raise SignatureValidationFailed(
+                f"image {rec.id} has no name to check against the signature policy")
+        for name in asked:
+            await self.policy.check_run(name, rec.target, namespace)
 
     def policy_info(self) -> dict[str, object]:
         return self.policy.describe() if self.policy is not None else {}

@@ -144,33 +144,27 @@ class SignaturePolicy:
         if sigs and self.store is not None:
             self.store.put(digest, [pl.to_blob(s) for s in sigs])
 
-    async def check_run(self, names: Sequence[str], digest: str, namespace: str,
+    async def check_run(self, name: str, digest: str, namespace: str,
                         creds: Credentials | None = None) -> None:
         """Refuse unless the policy of ``namespace`` allows the present image of ``digest``
-        under one of ``names`` (what the container asks for first)."""
+        under ``name``: the kept signatures first, the registry when they do not do."""
         policy = self.policy_for(namespace)
         if policy is None:
             return
-        if not names:
-            raise Refused(f"image {digest}: no image name to check against the signature "
-                          f"policy {policy.path}")
-        refusal = ""
-        for text in names:
-            ref = parse_reference(text)
-            named = intended(ref)
-            kept = self.store.get(digest) if self.store is not None else ()
-            sigs = _parsed(kept)
-            verdict = await self._judge(policy, named, named.digest or digest, sigs, kept)
-            if not verdict.allowed and needs_signatures(policy, named):
-                fresh = await self._fetch(ref, named.digest or digest, creds)
-                if fresh != sigs:
-                    verdict = await self._judge(policy, named, named.digest or digest, fresh)
-                    if verdict.allowed and self.store is not None:
-                        self.store.put(digest, [pl.to_blob(s) for s in fresh])
-            if verdict.allowed:
-                return
-            refusal = refusal or _message(ref, digest, verdict)
-        raise Refused(refusal)
+        ref = parse_reference(name)
+        named = intended(ref)
+        signed = named.digest or digest
+        kept = self.store.get(digest) if self.store is not None else ()
+        sigs = _parsed(kept)
+        verdict = await self._judge(policy, named, signed, sigs, kept)
+        if not verdict.allowed and needs_signatures(policy, named):
+            fresh = await self._fetch(ref, signed, creds)
+            if fresh != sigs:
+                verdict = await self._judge(policy, named, signed, fresh)
+                if verdict.allowed and self.store is not None:
+                    self.store.put(digest, [pl.to_blob(s) for s in fresh])
+        if not verdict.allowed:
+            raise Refused(_message(ref, digest, verdict))
 
     async def _fetch(self, ref: Reference, digest: str, creds: Credentials | None
                      ) -> list[pl.Signature]:
@@ -244,10 +238,16 @@ def _message(ref: Reference, digest: str, verdict: Verdict) -> str:
             f"({verdict.scope_text}): {verdict.reason}")
 
 
+_IMAGE_ID = re.compile(r"^(sha256:)?[a-f0-9]{64}$")
+
+
 def check_names(names: Sequence[str]) -> list[str]:
-    """The references among ``names`` (image ids dropped)."""
+    """The references among ``names``: image ids (``sha256:<hex>``, which would parse as
+    a repository named ``sha256``) and empty or malformed names dropped."""
     out = []
     for n in names:
+        if not n or _IMAGE_ID.match(n):
+            continue
         try:
             parse_named(n)
         except InvalidArgument:
