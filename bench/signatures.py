@@ -140,7 +140,10 @@ def run(base: Path, reg: LocalRegistry, args: argparse.Namespace) -> dict[str, o
         finally:
             pods.stop_pod(sid)
             pods.remove_pod(sid)
-    checks = asyncio.run(_check_costs(base, policies, rd, ref, digest, key, gpg))
+    try:
+        checks = asyncio.run(_check_costs(base, policies, rd, ref, digest, key, gpg))
+    finally:
+        gpg.close()
     floor = statistics.median(pulls["floor"])
     return {
         "pull_mb": args.pull_mb, "rounds": args.rounds,

@@ -110,8 +110,12 @@ def make(base: Path, skopeo: Path, debian_skopeo: str) -> SignedRegistry:
     (base / "gpg.pub").write_bytes(signer.public_key(armor=True))
     other = GnuPG(base / "gnupg-other", "other <other@example.com>", "rsa2048")
     (base / "gpg-other.pub").write_bytes(other.public_key(armor=True))
-    copy("busybox:latest", "gpg/app:v1", "--sign-by", signer.fingerprint, tool=debian_skopeo,
-         environ={**env, "GNUPGHOME": str(signer.home)})
+    try:
+        copy("busybox:latest", "gpg/app:v1", "--sign-by", signer.fingerprint,
+             tool=debian_skopeo, environ={**env, "GNUPGHOME": str(signer.home)})
+    finally:
+        signer.close()
+        other.close()
 
     manifest = reg.client(None).request("GET", "/v2/busybox/manifests/latest", headers={
         "Accept": "application/vnd.oci.image.manifest.v1+json"})

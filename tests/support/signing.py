@@ -165,6 +165,17 @@ class GnuPG:
                                *args], input=data, env=env, capture_output=True, check=True,
                               timeout=120).stdout
 
+    def close(self) -> None:
+        """Stop the gpg-agent that key generation and signing started for this home."""
+        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"],
+                       capture_output=True, timeout=30, check=False)
+
+    def __enter__(self) -> GnuPG:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def public_key(self, armor: bool = False) -> bytes:
         return self.run(*(["--armor"] if armor else []), "--export", self.fingerprint)
 

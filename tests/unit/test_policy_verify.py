@@ -198,7 +198,11 @@ def test_keyless_v2_issuer_extension(tmp_path: Path, key: SigstoreKey) -> None:
 @pytest.mark.skipif(shutil.which("gpg") is None or shutil.which("gpgv") is None,
                     reason="GnuPG (gpg, gpgv) is not installed")
 def test_gpg_simple_signing(tmp_path: Path) -> None:
-    signer, stranger = GnuPG(tmp_path / "a"), GnuPG(tmp_path / "b", "other <o@example.com>")
+    with GnuPG(tmp_path / "a") as signer, GnuPG(tmp_path / "b", "other <o@example.com>") as s2:
+        _gpg_cases(tmp_path, signer, s2)
+
+
+def _gpg_cases(tmp_path: Path, signer: GnuPG, stranger: GnuPG) -> None:
     (tmp_path / "key.gpg").write_bytes(signer.public_key(armor=True))
     doc = {"default": [{"type": "signedBy", "keyType": "GPGKeys",
                         "keyPath": str(tmp_path / "key.gpg")}]}
