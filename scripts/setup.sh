@@ -22,12 +22,13 @@ fi
 # (sandboxed pods), and CRIU for CheckpointContainer and restores (on kernels where
 # Debian's CRIU fails `criu check`, such as Debian 12's 3.17 on kernel 6.x, a newer CRIU
 # is needed: point criu_path at it; Debian's package still brings the libraries one
-# built from source links against); the tests also need a local registry and busybox to
-# build images from.
+# built from source links against), and gpgv for GPG image signatures (signedBy in
+# containers-policy.json); the tests also need a local registry and busybox to build
+# images from, and GnuPG and Debian's skopeo to make GPG-signed images.
 pkgs=(python3 python3-venv python3-dev gcc libc6-dev ca-certificates util-linux mount
-      runc conmon criu containernetworking-plugins iproute2 iptables runsc)
+      runc conmon criu containernetworking-plugins iproute2 iptables runsc gpgv)
 if [ "$mode" = test ]; then
-  pkgs+=(docker-registry busybox-static)
+  pkgs+=(docker-registry busybox-static gnupg skopeo)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

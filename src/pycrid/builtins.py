@@ -117,8 +117,9 @@ async def _init_images(ctx: InitContext) -> Any:
 
     config: ImagesConfig = ctx.config
     db = ctx.get_by_id(METADATA, "sqlite")
-    client = RegistryClient(RegistryHosts(config.registry.config_path or None))
-    return ImageService(
+    hosts = RegistryHosts(config.registry.config_path or None)
+    client = RegistryClient(hosts)
+    service = ImageService(
         store=ImageStore(db),
         content=ctx.get_by_id(CONTENT, "content"),
         snapshotter=ctx.get_by_id(SNAPSHOTTER, config.snapshotter),
@@ -127,6 +128,29 @@ async def _init_images(ctx: InitContext) -> Any:
         metrics=ctx.properties.get("metrics"),
         owner=_owner(ctx, "images"),
     )
+    service.policy = _signature_policy(config, db, client, hosts)
+    return service
+
+
+def _signature_policy(config: ImagesConfig, db: Any, client: Any, hosts: Any) -> Any:
+    """The signature policy part: the files are read at each pull, but a configured policy
+    that is not there stops start-up (the default path may be absent: no verification)."""
+    from pycrid.config.decode import ConfigError
+    from pycrid.images.policy.enforcer import DEFAULT_POLICY, PolicySettings, SignaturePolicy
+    from pycrid.images.policy.sources import SignatureSource
+    from pycrid.store.signature_records import SignatureStore
+
+    section = f'plugins."{CRI}.images"'
+    path = config.signature_policy
+    optional = path == DEFAULT_POLICY
+    if path and not optional and not os.path.isfile(path):
+        raise ConfigError(f"{section}.signature_policy", f"{path} does not exist")
+    policy = SignaturePolicy(
+        PolicySettings(path, optional, config.signature_policy_dir, config.registries_d),
+        SignatureSource(client, hosts), SignatureStore(db))
+    state = policy.describe()["state"]
+    log.info("signature policy %s: %s", path or "(none)", state)
+    return policy
 
 
 async def _init_runtime_config(ctx: InitContext) -> Any:

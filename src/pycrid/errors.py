@@ -83,3 +83,29 @@ class Aborted(PycridError):
 
 class Internal(PycridError):
     kind = "INTERNAL"
+
+
+class _CRIErrorName(PycridError):
+    """An error the kubelet recognises by name (cri-api's ``crierrors``): it reads the
+    name only at the start of the message of an answer with code UNKNOWN, whose code
+    cri-client strips; so the message starts ``<Name>: `` and the kind is UNKNOWN."""
+
+    name = ""
+
+    def __init__(self, message: str) -> None:
+        prefix = f"{self.name}: "
+        super().__init__(message if message.startswith(prefix) else prefix + message)
+
+
+class SignatureValidationFailed(_CRIErrorName):
+    """The signature policy refuses the image (CRI-O's answer, the kubelet's reason)."""
+
+    name = "SignatureValidationFailed"
+
+
+class RegistryUnavailable(_CRIErrorName, Unavailable):
+    """The registry cannot be reached (refused, not resolvable, failing with 5xx). An
+    Unavailable (the next mirror is tried) whose code is UNKNOWN, as CRI-O answers."""
+
+    kind = "UNKNOWN"
+    name = "RegistryUnavailable"

@@ -195,6 +195,13 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     if img:
         rows.append(("Images", f"{img['count']} ({img['bytes'] / (1 << 20):.1f} MiB), "
                                f"sandbox image {img['sandbox_image']}"))
+        sp = img.get("signature_policy") or {}
+        if sp:
+            text = f"{sp['signature_policy'] or '(none)'}: {sp['state']}"
+            if sp.get("namespaces"):
+                text += (f"; namespaces with their own in {sp['signature_policy_dir']}: "
+                         f"{', '.join(sp['namespaces'])}")
+            rows.append(("Signature policy", text))
     nri = doc["nri"]
     if not nri.get("enabled"):
         rows.append(("NRI plugins", "NRI disabled"))

@@ -120,6 +120,10 @@ def test_unknown_keys_are_warned_and_shown_in_status(tmp_path: Path) -> None:
          'plugins."pycrid.cri.v1.images".max_concurrent_downloads'),
         ('version = 2\n[debug]\nformat = "xml"\n', "debug.format"),
         ("version = 7\n", "version"),
+        # A configured signature policy must exist (only the default path may be absent).
+        ('version = 2\n[plugins."pycrid.cri.v1.images"]\n'
+         'signature_policy = "/nonexistent/policy.json"\n',
+         'plugins."pycrid.cri.v1.images".signature_policy'),
     ],
 )
 def test_invalid_config_stops_startup_naming_the_key(tmp_path: Path, config: str,

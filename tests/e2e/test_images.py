@@ -361,8 +361,11 @@ def test_missing_image_and_unknown_id(daemon: Daemon, registry: LocalRegistry) -
 
 
 def test_unreachable_registry(daemon: Daemon) -> None:
+    # cri-api's RegistryUnavailable, which the kubelet reads only from an UNKNOWN answer
+    # (CRI-O answers the same); the pod then shows that reason, not ErrImagePull.
     err = rpc_error(daemon.client.pull, "127.0.0.1:1/x:y")
-    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.code() == grpc.StatusCode.UNKNOWN
+    assert err.details().startswith("RegistryUnavailable: ")
     assert "127.0.0.1:1" in err.details()
 
 

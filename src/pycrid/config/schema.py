@@ -141,6 +141,20 @@ class ImagesConfig:
         "where the kernel or file system cannot make them, give such pods a copy of the\n"
         "image chowned to their ids instead of refusing them (containerd's overlayfs\n"
         "snapshotter key: the copy costs the image's size per set of mappings).")
+    signature_policy: str = cfg(
+        "/etc/containers/policy.json",
+        "containers-policy.json(5) deciding which images may be pulled and run (sigstore\n"
+        "and GPG signatures, per registry and repository). Re-read when it changes. At\n"
+        "this default path a missing file means no verification; another path must exist\n"
+        "at start-up. Empty: no verification.", _abs_or_empty)
+    signature_policy_dir: str = cfg(
+        "/etc/pycrid/policies",
+        "<namespace>.json here replaces signature_policy for pulls and containers of pods\n"
+        "in that namespace (CRI-O's signature_policy_dir).", _abs_or_empty)
+    registries_d: str = cfg(
+        "/etc/containers/registries.d",
+        "containers-registries.d(5): where signatures live (use-sigstore-attachments,\n"
+        "lookaside), per registry and namespace.", _abs_or_empty)
     registry: RegistryConfig = cfg(RegistryConfig(), "Registry access.")
 
 

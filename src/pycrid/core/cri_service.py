@@ -278,7 +278,8 @@ class CRIService:
     def _image_info(self) -> ImageInfo:
         images = self.images.store.list()
         return ImageInfo(count=len(images), bytes=sum(i.size for i in images),
-                         sandbox_image=self.images.config.sandbox_image)
+                         sandbox_image=self.images.config.sandbox_image,
+                         signature_policy=self.images.policy_info())
 
     def pod_counts(self) -> dict[str, int]:
         """Visible pods by CRI state name (every state, 0 included), from memory."""

@@ -5,7 +5,7 @@ business, in cri/status_json.py."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pycrid.config.schema import Config
 from pycrid.host.facts import HostSecurity
@@ -32,6 +32,9 @@ class ImageInfo:
     count: int
     bytes: int
     sandbox_image: str
+    #: The signature policy in force: its file and state, the namespaces with their own,
+    #: registries.d (empty: no policy part).
+    signature_policy: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

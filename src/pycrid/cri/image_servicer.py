@@ -70,7 +70,9 @@ class ImageServicer:
             creds = Credentials.from_cri(
                 username=a.username, password=a.password, auth=a.auth,
                 identity_token=a.identity_token, registry_token=a.registry_token)
-        rec = await self.core.images.pull(image, creds)
+        # The pod's namespace picks its signature policy (signature_policy_dir).
+        namespace = str(request.sandbox_config.metadata.namespace)
+        rec = await self.core.images.pull(image, creds, namespace)
         return pb.PullImageResponse(image_ref=rec.id)
 
     async def RemoveImage(

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycrid.config.schema import ImagesConfig
-from pycrid.errors import InvalidArgument, NotFound
+from pycrid.errors import InvalidArgument, NotFound, SignatureValidationFailed
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
 from pycrid.images.fetch import ImageFetcher, PullMetrics
 from pycrid.images.garbage import GarbageCollector
 from pycrid.images.mediatypes import Platform, host_platform
+from pycrid.images.policy.enforcer import SignaturePolicy, check_names
 from pycrid.images.reference import Reference, parse_reference
 from pycrid.images.snapshots import Snapshotter
 from pycrid.store.image_records import ImageRecord, ImageStore
@@ -76,6 +77,8 @@ class ImageService:
         self.client = client
         self.config = config
         self.platform = platform or host_platform()
+        #: Whether an image may be used (None: every image may); set by the wiring.
+        self.policy: SignaturePolicy | None = None
         self._sandbox_ref = parse_reference(config.sandbox_image)
         #: The service's background tasks (a collection that outlives the pull that
         #: asked for it); closed with the service.
@@ -179,33 +182,43 @@ class ImageService:
                      "%d unreferenced snapshots", len(leftovers), blobs, snaps)
 
     async def close(self) -> None:
+        if self.policy is not None:
+            await self.policy.close()
         await self.client.close()
         self._fetcher.close()
         await self.owner.aclose()
 
     # ---- pull ----------------------------------------------------------------------------
 
-    async def pull(self, image: str, creds: Credentials | None) -> ImageRecord:
+    async def pull(self, image: str, creds: Credentials | None,
+                   namespace: str = "") -> ImageRecord:
+        """Pull ``image`` for a pod of ``namespace`` (its signature policy applies)."""
         if self.metrics is None:
-            return await self._pull(image, creds)
+            return await self._pull(image, creds, namespace)
         started = time.monotonic()
         ok = False
         try:
-            rec = await self._pull(image, creds)
+            rec = await self._pull(image, creds, namespace)
             ok = True
             return rec
         finally:
             self.metrics.pull_done(ok, time.monotonic() - started)
 
-    async def _pull(self, image: str, creds: Credentials | None) -> ImageRecord:
+    async def _pull(self, image: str, creds: Credentials | None, namespace: str
+                    ) -> ImageRecord:
         ref = parse_reference(image)
         if ref.digest is not None:
             have = self.store.by_name(f"{ref.name}@{ref.digest}")
             if have is not None:
-                # Content addressed and present: nothing to ask the registry.
+                # Content addressed and present: nothing to ask the registry (the policy
+                # is asked with the signatures kept from its pull).
+                if self.policy is not None:
+                    await self.policy.check_run(image, have.target, namespace, creds)
                 return self.store.put(have, {str(ref)} if ref.tag else set())
         async with self._collector.pulling():
             desc = await self.client.resolve(ref, creds)
+            if self.policy is not None:  # before anything is fetched: a refusal leaves nothing
+                await self.policy.check_pull(ref, desc.digest, creds, namespace)
             existing = self.store.by_target(desc.digest)
             if existing is not None and self._complete(existing):
                 return self.store.put(existing, self._names_for(ref, desc.digest))
@@ -235,8 +248,27 @@ class ImageService:
         if rec is None:
             return False
         self.store.delete(rec.id)
+        if self.policy is not None:
+            self.policy.forget({img.target for img in self.store.list()})
         await self.gc()
         return True
+
+    async def check_run(self, rec: ImageRecord, names: list[str], namespace: str) -> None:
+        """Refuse (SignatureValidationFailed) unless the signature policy of ``namespace``
+        lets a container run from ``rec`` under the first of ``names`` that is a reference
+        (the kubelet's ``user_specified_image``); with none, under every name the image
+        has (CRI-O refuses then; an image without names is refused)."""
+        if self.policy is None:
+            return
+        asked = check_names(names)[:1] or sorted(rec.names)
+        if not asked and self.policy.policy_for(namespace) is not None:
+            raise SignatureValidationFailed(
+                f"image {rec.id} has no name to check against the signature policy")
+        for name in asked:
+            await self.policy.check_run(name, rec.target, namespace)
+
+    def policy_info(self) -> dict[str, object]:
+        return self.policy.describe() if self.policy is not None else {}
 
     async def release(self, chain_ids: Iterable[str]) -> None:
         """Snapshots built on ``chain_ids`` (a container's rootfs, its image volumes) are

@@ -17,6 +17,7 @@ from pycrid.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    RegistryUnavailable,
     Unauthenticated,
     Unavailable,
 )
@@ -50,7 +51,8 @@ async def fail(
     if status == 416:
         raise DataLoss(f"registry {h.host} cannot serve the requested range of {thing}")
     if 500 <= status:
-        raise Unavailable(f"registry {h.host} failed with HTTP {status} for {thing}{suffix}")
+        raise RegistryUnavailable(
+            f"registry {h.host} failed with HTTP {status} for {thing}{suffix}")
     if status == 400 and {"NAME_INVALID", "TAG_INVALID", "DIGEST_INVALID"} & set(codes):
         raise InvalidArgument(f"registry {h.host} refused {thing} as invalid{suffix}")
     raise Unavailable(f"registry {h.host} answered HTTP {status} for {thing}{suffix}")

@@ -15,7 +15,13 @@ import ssl
 
 import aiohttp
 
-from pycrid.errors import DeadlineExceeded, PycridError, Unauthenticated, Unavailable
+from pycrid.errors import (
+    DeadlineExceeded,
+    PycridError,
+    RegistryUnavailable,
+    Unauthenticated,
+    Unavailable,
+)
 from pycrid.images.auth import Authorizer, Credentials, parse_www_authenticate
 from pycrid.images.hosts import RegistryHost
 from pycrid.images.reference import Reference
@@ -145,10 +151,10 @@ class RegistryHTTP:
                 f"image '{ref}': TLS handshake with registry {h.host} failed (a certificate "
                 f"or protocol problem): {_os_reason(e)}") from None
         except aiohttp.ClientConnectorDNSError:
-            raise Unavailable(
+            raise RegistryUnavailable(
                 f"image '{ref}': cannot resolve the registry host name {h.host}") from None
         except aiohttp.ClientConnectorError as e:
-            raise Unavailable(
+            raise RegistryUnavailable(
                 f"image '{ref}': cannot connect to registry {h.host}: {_os_reason(e)}") from None
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if h.http_fallback and h.scheme == "https":

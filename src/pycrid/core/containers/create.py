@@ -104,6 +104,18 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
         raise NotFound(f"image {config.image.image!r} not found: pull it first")
     view = parts.images.view(image)
     volume_images = _volume_images(parts, config)
+    # The pod namespace's signature policy, with the signatures kept from the pull (CRI-O
+    # checks at create too): an image pulled for another namespace, or under an older
+    # policy, runs only if this one accepts it.
+    namespace = sandbox.config.metadata.namespace
+    await parts.images.check_run(image, [config.image.user_specified_image,
+                                         config.image.image], namespace)
+    for m in config.mounts:
+        if is_image_mount(m):
+            vol = parts.images.resolve_local(m.image.image)
+            if vol is not None:
+                await parts.images.check_run(vol, [m.image.user_specified_image,
+                                                   m.image.image], namespace)
     image_config = json.loads(parts.images.content.read(image.id))
     md, pmd = config.metadata, sandbox.config.metadata
     name = f"{md.name}_{pmd.name}_{pmd.namespace}_{pmd.uid}_{md.attempt}"
