@@ -71,6 +71,15 @@ async def test_http_lookaside_404_hang_and_error() -> None:
             await asyncio.sleep(3)
         if "fail" in request.path:
             return web.Response(status=500)
+        if "slow" in request.path and request.path.endswith("signature-1"):
+            # One signature in pieces: what arrives first is not the whole of it.
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            for piece in (b"\xa3", b"slow" * 5000, b"end"):
+                await resp.write(piece)
+                await asyncio.sleep(0.05)
+            await resp.write_eof()
+            return resp
         if request.path.endswith("signature-1"):
             return web.Response(body=b"\xa3one")
         return web.Response(status=404)
@@ -81,6 +90,9 @@ async def test_http_lookaside_404_hang_and_error() -> None:
         ref = parse_reference("q.io/ok/app:v1")
         assert await src.fetch(ref, D, None, lookaside(url)) == [pl.SimpleSigning(b"\xa3one")]
         assert asked == [f"/ok/app@sha256={'a' * 64}/signature-{i}" for i in (1, 2)]
+        assert await src.fetch(parse_reference("q.io/slow/app:v1"), D, None,
+                               lookaside(url)) == [pl.SimpleSigning(b"\xa3" + b"slow" * 5000
+                                                                    + b"end")]
         with pytest.raises(SignatureFetchError, match=r"did not answer within 0\.5s"):
             await src.fetch(parse_reference("q.io/hang/app:v1"), D, None, lookaside(url))
         with pytest.raises(SignatureFetchError, match="HTTP 500"):

@@ -217,13 +217,18 @@ class ImageService:
                 return self.store.put(have, {str(ref)} if ref.tag else set())
         async with self._collector.pulling():
             desc = await self.client.resolve(ref, creds)
+            accepted: list[bytes] = []
             if self.policy is not None:  # before anything is fetched: a refusal leaves nothing
-                await self.policy.check_pull(ref, desc.digest, creds, namespace)
+                accepted = await self.policy.check_pull(ref, desc.digest, creds, namespace)
             existing = self.store.by_target(desc.digest)
             if existing is not None and self._complete(existing):
-                return self.store.put(existing, self._names_for(ref, desc.digest))
-            rec = await self._fetcher.fetch(ref, desc, creds)
-            return self.store.put(rec, self._names_for(ref, desc.digest))
+                rec = self.store.put(existing, self._names_for(ref, desc.digest))
+            else:
+                rec = await self._fetcher.fetch(ref, desc, creds)
+                rec = self.store.put(rec, self._names_for(ref, desc.digest))
+            if self.policy is not None:
+                self.policy.keep(desc.digest, accepted)
+            return rec
 
     def _names_for(self, ref: Reference, target: str) -> set[str]:
         names = {f"{ref.name}@{target}"}

@@ -129,11 +129,13 @@ class SignaturePolicy:
     # ---- the questions -----------------------------------------------------------------
 
     async def check_pull(self, ref: Reference, digest: str, creds: Credentials | None,
-                         namespace: str = "") -> None:
-        """Refuse (SignatureValidationFailed) unless the policy allows ``ref`` at ``digest``."""
+                         namespace: str = "") -> list[bytes]:
+        """Refuse (SignatureValidationFailed) unless the policy allows ``ref`` at ``digest``;
+        the accepted signatures, for ``keep`` once the image is stored (a pull that fails
+        later keeps none)."""
         policy = self.policy_for(namespace)
         if policy is None:
-            return
+            return []
         named = intended(ref)
         sigs: list[pl.Signature] = []
         if needs_signatures(policy, named):
@@ -141,8 +143,12 @@ class SignaturePolicy:
         verdict = await self._judge(policy, named, digest, sigs)
         if not verdict.allowed:
             raise Refused(_message(ref, digest, verdict))
-        if sigs and self.store is not None:
-            self.store.put(digest, [pl.to_blob(s) for s in sigs])
+        return [pl.to_blob(s) for s in sigs]
+
+    def keep(self, digest: str, blobs: list[bytes]) -> None:
+        """Keep the signatures a pull of ``digest`` was accepted with, beside its image."""
+        if blobs and self.store is not None:
+            self.store.put(digest, blobs)
 
     async def check_run(self, name: str, digest: str, namespace: str,
                         creds: Credentials | None = None) -> None:

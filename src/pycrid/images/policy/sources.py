@@ -138,7 +138,13 @@ class SignatureSource:
                 if resp.status != 200:
                     raise SignatureFetchError(f"reading signature from {url}: HTTP "
                                               f"{resp.status}")
-                body = await resp.content.read(MAX_SIGNATURE + 1)
+                # read(n) returns what has arrived, up to n: read until the end or the limit.
+                body = b""
+                while len(body) <= MAX_SIGNATURE:
+                    chunk = await resp.content.read(MAX_SIGNATURE + 1 - len(body))
+                    if not chunk:
+                        break
+                    body += chunk
         except aiohttp.ClientError as e:
             raise SignatureFetchError(f"reading signature from {url}: {type(e).__name__}: "
                                       f"{e}") from None
