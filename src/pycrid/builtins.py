@@ -217,7 +217,7 @@ async def _init_runc(ctx: InitContext) -> Any:
                                            systemd_cgroup=systemd, cgroups=cgroups,
                                            owner=owner, checkpoints=CheckpointSupport(
                                                facts.criu, runc_can=features.checkpoint))
-            spec = dataclasses.replace(spec, runc_binary=runc)  # as found on PATH
+            spec = dataclasses.replace(spec, runc_binary=runc)  # as found on the search path
         handlers[name] = dataclasses.replace(spec, features=features)
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)
 
