@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -14,6 +15,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid import release
 from tests.support.daemon import (
     CRIClient,
     running_daemon,
@@ -30,7 +32,9 @@ def test_version_status_runtime_config(tmp_path: Path) -> None:
     with running_daemon(str(tmp_path)) as d:
         v = d.client.runtime.Version(pb.VersionRequest(), timeout=5)
         assert (v.runtime_name, v.runtime_api_version) == ("pycrid", "v1")
-        assert v.runtime_version == "0.1.0"
+        # The release with the commit it was built from (this checkout's HEAD).
+        assert v.runtime_version == release.runtime_version()
+        assert v.runtime_version.startswith(release.VERSION)
         st = d.client.runtime.Status(pb.StatusRequest(verbose=True), timeout=5)
         conds = {c.type: c for c in st.status.conditions}
         assert conds["RuntimeReady"].status is True
@@ -39,6 +43,12 @@ def test_version_status_runtime_config(tmp_path: Path) -> None:
         assert [n["Config"]["Name"] for n in cni["Networks"]] == ["pycrid-test"]
         config = json.loads(st.info["config"])
         assert config["root"] == d.root
+        daemon = json.loads(st.info["daemon"])
+        assert (daemon["version"], daemon["commit"]) == (release.VERSION, release.commit())
+        shown = subprocess.run([sys.executable, "-m", "pycrid", "status", "--address",
+                                d.address], capture_output=True, text=True, timeout=30)
+        assert re.search(rf"^Release: +{re.escape(release.VERSION)}, commit "
+                         rf"{release.commit() or 'unknown'}$", shown.stdout, re.M), shown.stdout
         assert json.loads(st.info["warnings"]) == []
         rc = d.client.runtime.RuntimeConfig(pb.RuntimeConfigRequest(), timeout=5)
         assert rc.linux.cgroup_driver == pb.CgroupDriver.CGROUPFS

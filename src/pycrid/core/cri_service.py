@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pycrid import __version__
+from pycrid import release
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
 from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
@@ -215,7 +215,7 @@ class CRIService:
 
     def version(self) -> tuple[str, str, str]:
         """(runtime name, runtime version, CRI API version)."""
-        return RUNTIME_NAME, __version__, CRI_API_VERSION
+        return RUNTIME_NAME, release.runtime_version(), CRI_API_VERSION
 
     async def conditions(self) -> list[Condition]:
         network = Condition("NetworkReady", True)
@@ -263,7 +263,7 @@ class CRIService:
         cfg = self.config
         nri = self.nri.adaptation
         return DaemonInfo(
-            pid=os.getpid(),
+            version=release.VERSION, commit=release.commit(), pid=os.getpid(),
             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
             uptime_seconds=round(time.monotonic() - self._started, 1),
             config_file=self.config_source, root=cfg.root, state=cfg.state,
