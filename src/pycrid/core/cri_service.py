@@ -152,10 +152,7 @@ class CRIService:
         self.recovery_seconds = time.monotonic() - started
         log.info("recovered %d pods and %d containers in %.1f ms", len(self.pods.store.ids()),
                  len(self.containers.store.ids()), self.recovery_seconds * 1000)
-        for oid, why in self.pods.store.broken + self.containers.store.broken:
-            message = f"record {oid} could not be read and is ignored: {why}"
-            log.error("%s", message)
-            self.warnings.append(message)
+        self._say_unknown_fields()
         self.nri.recovered()
         await self.nri.start()
         self.warnings.extend(self.nri.adaptation.warnings if self.nri.adaptation else ())
@@ -174,9 +171,7 @@ class CRIService:
                  (time.monotonic() - started) * 1000)
 
     async def _sweep_orphans(self, runtime_ids: set[str]) -> None:
-        pods = set(self.pods.store.ids()) | {oid for oid, _ in self.pods.store.broken}
-        ctrs = set(self.containers.store.ids()) | {oid for oid, _ in
-                                                    self.containers.store.broken}
+        pods, ctrs = set(self.pods.store.ids()), set(self.containers.store.ids())
         removed = await orphans.sweep(
             layout=self.layout, recorded=orphans.Recorded(
                 pods=pods, containers=ctrs,
@@ -186,6 +181,18 @@ class CRIService:
             remove_container=functools.partial(cleanup, self.containers))
         for what in removed:
             log.warning("removed orphaned %s (no record owns it)", what)
+
+    def _say_unknown_fields(self) -> None:
+        """Records a newer pycrid wrote carry fields this one keeps without knowing them
+        (after a rollback): worth a line, not a warning."""
+        seen: dict[str, int] = {}
+        for store in (self.pods.store, self.containers.store):
+            for oid in store.ids():
+                for name in store.unknown_fields(oid):
+                    seen[name] = seen.get(name, 0) + 1
+        if seen:
+            log.info("records carry fields a newer pycrid wrote, kept as they are: %s",
+                     ", ".join(f"{name} ({n})" for name, n in sorted(seen.items())))
 
     async def aclose(self) -> None:
         """Containers keep running under conmon; let the calls under way end (those whose
