@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from pycrid.store.db import Database
 from pycrid.store.records import (
+    MIGRATIONS,
     ContainerRecord,
     SandboxRecord,
     UnreadableRecords,
@@ -198,3 +200,29 @@ def test_the_config_keeps_fields_a_newer_cri_adds() -> None:
 ])
 def test_container_state_derivation(kw: dict[str, Any], state: int) -> None:
     assert container_rec(**kw).state == state
+
+
+#: The record fields at each schema version of "pods" (docs/upgrades.md): a field added
+#: without an Additive migration would let 0.1.0 drop every record carrying it (as
+#: 455bd3d dropped 43375f6's over ``restore``) instead of refusing the state.
+RECORD_FIELDS = {
+    1: ({"id", "name", "config", "runtime_handler", "created_at", "phase", "pid", "netns",
+         "image_id", "image_name", "ips", "controller"},
+        {"id", "sandbox_id", "name", "config", "created_at", "image_id", "image_name",
+         "image_ref", "phase", "started_at", "finished_at", "exit_code", "reason", "message",
+         "unknown", "pid", "log_path", "stop_signal", "uid", "gid", "groups", "resources",
+         "restore"}),
+}
+
+
+def test_a_new_record_field_raises_the_schema_version() -> None:
+    version = len(MIGRATIONS)
+    assert version in RECORD_FIELDS, (
+        f"pods schema version {version}: list its record fields in RECORD_FIELDS")
+    pod_fields, container_fields = RECORD_FIELDS[version]
+    assert {f.name for f in dataclasses.fields(SandboxRecord)} == pod_fields, (
+        "a pod record field changed: add an Additive migration to store/records.py "
+        "MIGRATIONS (docs/upgrades.md) and list the fields of the new version here")
+    assert {f.name for f in dataclasses.fields(ContainerRecord)} == container_fields, (
+        "a container record field changed: add an Additive migration to store/records.py "
+        "MIGRATIONS (docs/upgrades.md) and list the fields of the new version here")
