@@ -27,7 +27,8 @@ from typing import Any, Generic, TypeVar
 
 from cri_api.v1 import api_pb2 as pb
 
-from pycrid.store.db import Database, NewerState
+from pycrid.errors import FailedPrecondition
+from pycrid.store.db import Database
 
 
 class PodPhase(StrEnum):
@@ -147,7 +148,7 @@ def _m1(c: sqlite3.Connection) -> None:
 MIGRATIONS = [_m1]
 
 
-class UnreadableRecords(NewerState):
+class UnreadableRecords(FailedPrecondition):
     """Rows that cannot be read: start-up stops rather than leave their objects running
     unmanaged."""
 
