@@ -224,7 +224,8 @@ def _gone(node: Node, ids: list[str]) -> list[str]:
     return left
 
 
-def _schemas(node: Node) -> str:
+def _schemas(node: Node, phase: str) -> dict[str, int]:
+    """The schema version of each component of the state, noted with the releases table."""
     db = sqlite3.connect(f"file:{node.base / 'root' / 'metadata' / 'pycrid.db'}?mode=ro",
                          uri=True)
     try:
@@ -234,8 +235,10 @@ def _schemas(node: Node) -> str:
                    if "releases" in tables else [])
     finally:
         db.close()
-    return (f"schema versions {dict(sorted(versions.items()))}; releases table "
-            + (f"lists {[r[0] for r in started]}" if "releases" in tables else "absent"))
+    node.note(phase, "state", f"schema versions {dict(sorted(versions.items()))}; releases "
+              "table " + (f"lists {[r[0] for r in started]}" if "releases" in tables
+                          else "absent"))
+    return {str(k): int(v) for k, v in versions.items()}
 
 
 def _versions(node: Node, d: Daemon, phase: str) -> str:
@@ -244,8 +247,10 @@ def _versions(node: Node, d: Daemon, phase: str) -> str:
     return str(v.runtime_version)
 
 
-def test_upgrade_then_rollback_keeps_every_pod_and_container(previous: Built,
-                                                             node: Node) -> None:
+def test_upgrade_then_rollback(previous: Built, node: Node) -> None:
+    """Every pod and container kept both ways; or, where this checkout raised a schema
+    version the release before does not know, the rollback refused by name and nothing
+    touched (then this checkout removes everything)."""
     this = release.runtime_version()
     print(f"\nupgrade {PREVIOUS.version} ({PREVIOUS.commit[:12]}) -> this checkout ({this})"
           f" -> rollback to {PREVIOUS.version}; user-namespace pod: {node.userns}, "
@@ -276,7 +281,7 @@ def test_upgrade_then_rollback_keeps_every_pod_and_container(previous: Built,
                  20, "the ticker to log")
         made_before = _listed(pods)
         node.note("before", "made", _describe(node, made_before))
-    node.note("before", "state", _schemas(node))
+    known = _schemas(node, "before")
 
     # ---- upgrade: this checkout on the same root and config ----------------------------
     with node.daemon(sys.executable) as (d, pods):
@@ -313,7 +318,10 @@ def test_upgrade_then_rollback_keeps_every_pod_and_container(previous: Built,
         running.append("sleeper-new")
         made_after = _listed(pods)
         node.note("upgrade", "made", _describe(node, made_after))
-    node.note("upgrade", "state", _schemas(node))
+    newer = {c: v for c, v in _schemas(node, "upgrade").items() if v > known.get(c, v)}
+    if newer:
+        _rollback_refused(node, previous, newer, known, running)
+        return
 
     # ---- rollback: the release before on the state this checkout wrote -----------------
     with node.daemon(previous.python) as (d, pods):
@@ -340,7 +348,34 @@ def test_upgrade_then_rollback_keeps_every_pod_and_container(previous: Built,
         node.note("rollback", "stop and remove every pod", "leftovers(): none (mounts, "
                   "processes, cgroups, netns, bundles, exit files, runc state, snapshots, "
                   "CNI results, pod IPs, records)")
-    node.note("rollback", "state", _schemas(node))
+    _schemas(node, "rollback")
+
+
+def _rollback_refused(node: Node, previous: Built, newer: dict[str, int],
+                      known: dict[str, int], running: list[str]) -> None:
+    """The release before on state whose schema it does not know: it refuses to start,
+    naming the schema, and leaves every running container alone; this checkout then
+    removes everything, leaving nothing."""
+    config = node.base / "config.toml"  # written by running_daemon, as both releases read it
+    root, state = node.base / "root", Path(node.state)
+    refused = subprocess.run(serve_command(str(config), str(root), str(state),
+                                           str(state / "pycrid.sock"), python=previous.python),
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0, refused.stderr[-3000:]
+    named = [c for c, v in newer.items()
+             if f"schema of {c!r} is version {v}, newer than this pycrid knows ({known[c]})"
+             in refused.stderr]
+    assert named, refused.stderr[-3000:]
+    for name in running:  # untouched: their conmons (which end with them) still there
+        assert processes_mentioning(f"--cid {node.ctrs[name]}"), name
+    node.note("rollback", "refused by schema version", f"exit {refused.returncode}: "
+              f"{refused.stderr.strip().splitlines()[-1][-200:]}")
+    with node.daemon(sys.executable) as (d, pods):
+        for sid, _, _ in list(node.pods.values()):
+            pods.stop_pod(sid)
+            pods.remove_pod(sid)
+        assert leftovers(d.root, d.state) == []
+    node.note("rollback", "this checkout removes every pod", "leftovers(): none")
 
 
 # ---- what the release before does with state it cannot read -------------------------------
