@@ -58,9 +58,11 @@ def build(release: Release, dest: Path) -> Built:
     if shutil.which("git") is None:
         pytest.skip("git is not installed: the earlier release is built from the repository's "
                     "history")
-    if _git("rev-parse", "--git-dir").returncode != 0:
-        pytest.skip(f"{REPO} is not a git checkout (a source tarball): the earlier release "
-                    f"({release.version}, {release.commit[:12]}) is built from its history")
+    where = _git("rev-parse", "--git-dir")
+    if where.returncode != 0:
+        pytest.skip(f"{REPO} is not a git checkout git can read (a source tarball?): the "
+                    f"earlier release ({release.version}, {release.commit[:12]}) is built "
+                    f"from its history; git said: {where.stderr.decode().strip()[:300]}")
     if _git("cat-file", "-e", f"{release.commit}^{{commit}}").returncode != 0:
         pytest.skip(f"commit {release.commit} (pycrid {release.version}) is not in this "
                     "clone's history (a shallow clone? git fetch --unshallow)")
