@@ -11,6 +11,7 @@ import logging
 import os
 from typing import Any
 
+from pycrid import release
 from pycrid.config.loader import LoadedConfig
 from pycrid.config.schema import (
     CAdvisorConfig,
@@ -241,7 +242,7 @@ async def _init_runc(ctx: InitContext) -> Any:
                                            systemd_cgroup=systemd, cgroups=cgroups,
                                            owner=owner, checkpoints=CheckpointSupport(
                                                facts.criu, runc_can=features.checkpoint))
-            spec = dataclasses.replace(spec, runc_binary=runc)  # as found on PATH
+            spec = dataclasses.replace(spec, runc_binary=runc)  # as found on the search path
         handlers[name] = dataclasses.replace(spec, features=features)
     return RuntimeRouter(runtimes, config.default_runtime_name, handlers)
 
@@ -283,9 +284,10 @@ async def _init_cri(ctx: InitContext) -> Any:
     # Metrics and tracing are the daemon's (absent when tests build a core by hand).
     metrics = ctx.properties.get("metrics")
     tracer = ctx.properties.get("tracer")
+    db = ctx.get_by_id(METADATA, "sqlite")
     core = build_core(
         CoreInputs(
-            db=ctx.get_by_id(METADATA, "sqlite"),
+            db=db,
             images=ctx.get_by_id(CRI, "images"),
             runtime=runtime,
             handlers=runtime.handlers,
@@ -298,6 +300,9 @@ async def _init_cri(ctx: InitContext) -> Any:
         CoreConfig(config=loaded.config, runtime=ctx.get_by_id(CRI, "runtime"),
                    nri=ctx.get_by_id(NRI, "nri"), warnings=loaded.warnings,
                    source=loaded.source))
+    # Every component's schema is known to be readable by now (the last, pods, by
+    # build_core): the state says which release started on it, for a later refusal.
+    db.record_start(release.VERSION, release.commit())
     if metrics is not None:
         metrics.bind(core)
     return CRIPlugin(core=core, server_config=ctx.config, ready=ctx.register_readiness(),

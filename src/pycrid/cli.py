@@ -9,7 +9,6 @@ import dataclasses
 import logging
 import sys
 
-from pycrid import __version__
 from pycrid.errors import PycridError
 
 
@@ -127,7 +126,9 @@ def _serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "version":
-        print(f"pycrid {__version__}")
+        from pycrid import release
+
+        print(release.describe())
         return 0
     if args.command == "serve":
         return _serve(args)

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from pycrid import __version__, endpoints, preflight
+from pycrid import endpoints, preflight, release
 from pycrid.builtins import GRPC, registry
 from pycrid.config.decode import ConfigError
 from pycrid.config.loader import LoadedConfig
@@ -174,7 +174,7 @@ async def _serve_locked(loaded: LoadedConfig, notifier: Notifier, path: str) -> 
             log.info("serving CRI on tcp %s (%s)", cfg.grpc.tcp_address,
                      "TLS" if creds else "plain")
         await server.start()
-        log.info("pycrid %s serving CRI on %s", __version__, path)
+        log.info("%s serving CRI on %s", release.describe(), path)
         for svc in services.values():
             await svc.start()
         await plugins.wait_ready()

@@ -167,6 +167,8 @@ def _status_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     v, d = doc["runtime"], doc["daemon"]
     rows = [("Runtime", f"{v['name']} {v['version']} (CRI {v['api_version']})")]
     if d:
+        if "version" in d:  # a pycrid older than 0.2.0 does not say
+            rows.append(("Release", f"{d['version']}, commit {d['commit'] or 'unknown'}"))
         rows += [("PID", f"{d['pid']}, up {_uptime(d['uptime_seconds'])} "
                          f"(since {d['started_at']})"),
                  ("Config", d["config_file"] or "embedded defaults (no config file)"),

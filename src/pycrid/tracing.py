@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from pycrid import __version__
+from pycrid import release
 from pycrid.config.schema import TracingConfig
 from pycrid.cri.handler_types import Context, Req, Resp, Unary
 from pycrid.cri.instrument import status_of
@@ -39,12 +39,12 @@ class Tracing:
         self._error = StatusCode.ERROR
         self.provider = TracerProvider(
             resource=Resource.create({"service.name": config.service_name,
-                                      "service.version": __version__}),
+                                      "service.version": release.runtime_version()}),
             sampler=ParentBased(TraceIdRatioBased(float(config.sampling_ratio))))
         self.processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint,
                                                              timeout=5))
         self.provider.add_span_processor(self.processor)
-        self.tracer = self.provider.get_tracer("pycrid", __version__)
+        self.tracer = self.provider.get_tracer("pycrid", release.VERSION)
 
     def span(self, name: str, attributes: dict[str, Any]) -> AbstractContextManager[Any]:
         """A span, child of the current one (an NRI plugin call inside its CRI call)."""

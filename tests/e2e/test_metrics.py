@@ -16,7 +16,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pycrid import __version__
+from pycrid import release
 from tests.support.daemon import (
     CADVISOR_SECTION,
     Daemon,
@@ -79,13 +79,14 @@ def test_scrape_counts_calls_pulls_objects_and_plugins(
         tmp_path: Path) -> None:
     addr = daemon.extra["metrics"]
     got = scrape(addr)
-    assert value(got, "pycrid_build_info", version=__version__) == 1
+    build = {"version": release.VERSION, "commit": release.commit()}
+    assert value(got, "pycrid_build_info", **build) == 1
     assert value(got, "pycrid_cri_requests_total", method="Version", code="OK") == 1
     assert (value(got, "pycrid_recovery_duration_seconds") or -1) >= 0
     assert value(got, "pycrid_nri_plugins_connected") == 0
     assert value(got, "pycrid_pods", state="SANDBOX_READY") == 0
     assert scrape(addr, "/metrics").keys() >= {("pycrid_build_info",
-                                                frozenset({("version", __version__)}))}
+                                                frozenset(build.items()))}
 
     busybox = test_images.busybox.ref(registry)
     daemon.client.pull(busybox)

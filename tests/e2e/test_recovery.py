@@ -24,7 +24,14 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from tests.support.daemon import NRI_SECTION, CRIClient, Daemon, nri_paths, running_daemon
+from tests.support.daemon import (
+    NRI_SECTION,
+    CRIClient,
+    Daemon,
+    nri_paths,
+    running_daemon,
+    serve_command,
+)
 from tests.support.images import TestImages
 from tests.support.nri_plugins import has_event, install_preinstalled, read_events, wait_events
 from tests.support.pods import (
@@ -237,12 +244,14 @@ def _forget_in_runc(d: Daemon, cid: str) -> None:
     shutil.rmtree(Path(d.state) / "runc" / cid, ignore_errors=True)
 
 
-def test_orphans_without_records_are_swept_and_broken_rows_do_not_stop_start_up(
+def test_orphans_without_records_are_swept_and_an_unreadable_row_stops_start_up(
         tmp_path: Path, registry: LocalRegistry, test_images: TestImages) -> None:
     """One container's record is deleted behind the daemon's back (its conmon, runc
     container, bundle, snapshot and exit dir entry are orphans now) and another's row is
-    corrupted: the restart removes every trace of the first, keeps the second's traces
-    (its id is known, only unreadable) and reports the broken row in Status warnings."""
+    corrupted: the restart stops, naming the unreadable record, and touches nothing (both
+    containers still run: a runtime that skipped the row would have the kubelet start a
+    second copy beside it). Once the operator drops the row (docs/upgrades.md), the next
+    start removes every trace of both."""
     busybox = test_images.busybox.ref(registry)
     config = daemon_config(registry, test_images, tmp_path)
     with running_daemon(str(tmp_path), config) as d:
@@ -256,25 +265,39 @@ def test_orphans_without_records_are_swept_and_broken_rows_do_not_stop_start_up(
                                                           command=["sleep", "3600"]), pod)
     _sql(d, "DELETE FROM containers WHERE id = ?", orphan)
     _sql(d, "UPDATE containers SET record = '{not json' WHERE id = ?", broken)
+    try:
+        refused = subprocess.run(
+            serve_command(str(tmp_path / "config.toml"), d.root, d.state, d.address),
+            capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1, refused.stderr[-3000:]
+        assert (f"1 record(s) of table containers cannot be read: container {broken}: "
+                "JSONDecodeError") in refused.stderr
+        assert "Start-up stops" in refused.stderr and "docs/upgrades.md" in refused.stderr
+        assert not os.path.exists(d.address)
+        for cid in (orphan, broken):  # left alone, still running
+            assert cid in _runc_list(d), cid
+            assert processes_mentioning(cid), cid
+    finally:
+        # The operator drops the unreadable row: the next start sweeps its traces too.
+        _sql(d, "DELETE FROM containers WHERE id = ?", broken)
     with running_daemon(str(tmp_path), config) as d:
         pods = Pods(d.client)
         ids = {c.id for c in pods.rt.ListContainers(pb.ListContainersRequest(),
                                                     timeout=10).containers}
-        assert ids == set()  # one record gone, one unreadable
-        assert "removed orphaned container " + orphan in d.log()
-        for where in ("containers", "runc", "exits"):
-            assert orphan not in os.listdir(os.path.join(d.state, where)), where
-        assert not processes_mentioning(orphan), "the orphan's conmon lives"
-        assert os.path.isdir(os.path.join(d.state, "containers", broken))  # not swept
-        info = pods.rt.Status(pb.StatusRequest(verbose=True), timeout=10).info
-        assert broken in info["warnings"] and "could not be read" in info["warnings"]
-    # The operator drops the unreadable row: the next start sweeps its traces too.
-    _sql(d, "DELETE FROM containers WHERE id = ?", broken)
-    with running_daemon(str(tmp_path), config) as d:
-        pods = Pods(d.client)
-        assert "removed orphaned container " + broken in d.log()
+        assert ids == set()
+        for cid in (orphan, broken):
+            assert "removed orphaned container " + cid in d.log()
+            for where in ("containers", "runc", "exits"):
+                assert cid not in os.listdir(os.path.join(d.state, where)), where
+            assert not processes_mentioning(cid), f"{cid}'s conmon lives"
         pods.remove_pod(sid)
         assert leftovers(d.root, d.state) == []
+
+
+def _runc_list(d: Daemon) -> list[str]:
+    out = subprocess.run(["runc", "--root", os.path.join(d.state, "runc"), "list", "-q"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()
 
 
 def _sql(d: Daemon, statement: str, *args: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pycrid import __version__
+from pycrid import release
 from tests.support.daemon import Daemon, containerd_socket, nri_paths
 from tests.support.images import TestImages
 from tests.support.network import conf_dir
@@ -47,7 +47,10 @@ def test_status_and_plugins(daemon: Daemon, pods: Pods, tmp_path: Path) -> None:
     sock = daemon.address
     rc, empty = cli_json("status", "--address", sock)
     assert rc == 0
-    assert empty["runtime"] == {"name": "pycrid", "version": __version__, "api_version": "v1"}
+    assert empty["runtime"] == {"name": "pycrid", "version": release.runtime_version(),
+                                "api_version": "v1"}
+    assert (empty["daemon"]["version"], empty["daemon"]["commit"]) == (release.VERSION,
+                                                                       release.commit())
     assert {c["type"]: c["status"] for c in empty["conditions"]} == {
         "RuntimeReady": True, "NetworkReady": True}
     assert empty["pods"] == {"SANDBOX_READY": 0, "SANDBOX_NOTREADY": 0}

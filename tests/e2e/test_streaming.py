@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -32,8 +33,10 @@ from tests.support.pods import (
     busybox_daemon,
     command_lines,
     container_config,
+    daemon_config,
     log_text,
     pod_config,
+    processes_mentioning,
     wait_for,
 )
 from tests.support.registry import LocalRegistry
@@ -309,6 +312,62 @@ async def test_client_disconnect_kills_the_exec(daemon: Daemon, pod: Any,
     await session.close()
     await asyncio.to_thread(wait_for, lambda: not _sleepers(marker), 15,
                             "the exec to be killed")
+
+
+#: runc, except that ``runc exec`` never publishes its pid file (it writes it aside):
+#: the moment a slow runc shows under load, when the exec's process runs and the pid
+#: file is not written yet (70 ms measured here), made to last.
+LATE_PID_FILE_RUNC = """#!/bin/sh
+case " $* " in *" exec "*) ;; *) exec {runc} "$@" ;; esac
+for arg; do
+  shift
+  if [ "$hide" = 1 ]; then arg="$arg.unpublished"; hide=; fi
+  [ "$arg" = --pid-file ] && hide=1
+  set -- "$@" "$arg"
+done
+{runc} "$@"
+"""
+
+
+@pytest.fixture(scope="module")
+def late_pid_file_daemon(tmp_path_factory: pytest.TempPathFactory, registry: LocalRegistry,
+                         test_images: TestImages) -> Iterator[tuple[Daemon, str]]:
+    """A daemon whose runc execs never report their pid, and a running container."""
+    base = tmp_path_factory.mktemp("late-pid-file")
+    runc = base / "runc"
+    runc.write_text(LATE_PID_FILE_RUNC.format(runc=shutil.which("runc")))
+    runc.chmod(0o755)
+    config = (daemon_config(registry, test_images, base)
+              + f'[plugins."pycrid.cri.v1.runtime"]\nruntime_path = "{runc}"\n')
+    with busybox_daemon(base, registry, test_images, config) as d:
+        pods = Pods(d.client)
+        pod = pod_config(log_dir=str(base / "logs"))
+        sid = pods.run(pod)
+        cid = pods.run_container(sid, container_config(d.extra["busybox"], "main",
+                                                       command=["sleep", "3600"]), pod)
+        yield d, cid
+        pods.cleanup()
+
+
+@pytest.mark.parametrize(("transport", "tty"), [("spdy", False), ("websocket", False),
+                                                ("spdy", True)])
+async def test_disconnect_before_runc_reports_the_exec_kills_it(
+        late_pid_file_daemon: tuple[Daemon, str], transport: str, tty: bool) -> None:
+    """The client goes while runc has started the exec's process but not written its pid
+    file: the process is found as runc's child and killed (killing runc alone left it
+    running; test_client_disconnect_kills_the_exec[spdy] met that once under load)."""
+    daemon, cid = late_pid_file_daemon
+    marker = _marker()
+    session = await TRANSPORTS[transport].start(
+        _exec_url(daemon, cid, ["sleep", marker], stdin=True, tty=tty), stdin=True,
+        stderr=False, tty=tty)
+    await asyncio.to_thread(wait_for, lambda: _sleepers(marker), 15, "the exec to run")
+    await session.close()
+    await asyncio.to_thread(wait_for, lambda: not _sleepers(marker), 15,
+                            "the exec to be killed")
+    await asyncio.to_thread(
+        wait_for, lambda: not [p for p in processes_mentioning(cid) if " exec --process " in p],
+        15, "runc exec to be killed")
 
 
 async def test_removed_container_ends_the_exec_with_an_error(daemon: Daemon,

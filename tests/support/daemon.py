@@ -125,8 +125,10 @@ def with_private_sockets(config_text: str, base: str) -> str:
 
 
 def serve_command(config: str | None, root: str, state: str, address: str,
-                  *extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "pycrid", "serve", "--root", root, "--state", state,
+                  *extra: str, python: str = sys.executable) -> list[str]:
+    """``pycrid serve`` of this checkout, or of the pycrid installed for ``python`` (an
+    earlier release: tests/support/releases.py)."""
+    cmd = [python, "-m", "pycrid", "serve", "--root", root, "--state", state,
            "--address", address, "--log-level", "debug"]
     if config:
         cmd += ["--config", config]
@@ -152,10 +154,10 @@ def wait_ready(daemon: Daemon, timeout: float = 30) -> None:
 
 @contextlib.contextmanager
 def running_daemon(base: str, config_text: str | None = None, *extra: str,
-                   env: dict[str, str] | None = None,
-                   state_dir: str | None = None) -> Iterator[Daemon]:
+                   env: dict[str, str] | None = None, state_dir: str | None = None,
+                   python: str = sys.executable) -> Iterator[Daemon]:
     """Start pycrid under ``base`` (root, state, socket, log inside it, or the state in
-    ``state_dir``); stop it after."""
+    ``state_dir``); stop it after. ``python`` runs another pycrid (an earlier release)."""
     os.makedirs(base, exist_ok=True)
     root, state = os.path.join(base, "root"), state_dir or os.path.join(base, "state")
     address = os.path.join(state, "pycrid.sock")
@@ -165,7 +167,8 @@ def running_daemon(base: str, config_text: str | None = None, *extra: str,
                                  base))
     log_path = os.path.join(base, "pycrid.log")
     with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(serve_command(config, root, state, address, *extra),
+        proc = subprocess.Popen(serve_command(config, root, state, address, *extra,
+                                              python=python),
                                 stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})})
     d = Daemon(root=root, state=state, address=address, log_path=log_path, proc=proc,

@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "pycrid"
 # Lowest first. A unit is a subpackage or a top-level module of pycrid.
 LAYERS: dict[str, set[str]] = {
     "base": {"__init__", "errors", "faults", "operations", "log", "tasks", "stdio", "inotify",
-             "unixsock", "pathlock", "sdnotify", "cri_fields", "host", "plugin",
+             "unixsock", "pathlock", "sdnotify", "cri_fields", "host", "plugin", "release",
              "config"},
     "parts": {"store", "images", "oci", "runtime", "sandbox", "network", "nri", "stats",
               "events"},

@@ -15,7 +15,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from pycrid import __version__, errors
+from pycrid import __version__, errors, release
 from pycrid.config.decode import ConfigError
 from pycrid.core.cri_service import CRIService
 from pycrid.cri.instrument import Gate, instrumented_servicer
@@ -85,7 +85,7 @@ def test_states_counted_from_records() -> None:
     assert value(got, "pycrid_containers", state="CONTAINER_UNKNOWN") == 1
     assert value(got, "pycrid_nri_plugins_connected") == 1
     assert value(got, "pycrid_recovery_duration_seconds") == 0.25
-    assert value(got, "pycrid_build_info", version=__version__) == 1
+    assert value(got, "pycrid_build_info", version=__version__, commit=release.commit()) == 1
 
 
 def test_unbound_and_not_recovered_report_nothing_of_the_core() -> None:

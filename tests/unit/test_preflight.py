@@ -73,14 +73,42 @@ def test_runtime_binaries_not_on_the_search_path(monkeypatch: pytest.MonkeyPatch
     from pycrid.host import binaries
     from pycrid.runtime import runc_cli as conmon
 
-    monkeypatch.setattr(binaries, "SEARCH_PATH", str(tmp_path))
+    monkeypatch.setattr(binaries, "SYSTEM_PATH", str(tmp_path / "system"))
+    monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(Unavailable) as e:
         conmon.find_binary("", "conmon", "conmon_path")
-    assert str(e.value) == (f"conmon binary not found in {tmp_path}; install it (Debian/Ubuntu: "
-                            "apt-get install runc conmon) or set conmon_path to its path")
+    assert str(e.value) == (f"conmon binary not found in {tmp_path}:{tmp_path}/system; install "
+                            "it (Debian/Ubuntu: apt-get install runc conmon) or set "
+                            "conmon_path to its path")
     exe = tmp_path / "conmon"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
     assert conmon.find_binary("", "conmon") == str(exe)
     with pytest.raises(Unavailable, match="is not executable"):
         conmon.find_binary(str(tmp_path), "conmon")  # a directory is no binary
+
+
+def test_the_search_path_is_the_daemons_path_then_the_system_dirs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """containerd and CRI-O find runc and conmon on their PATH; pycrid too, and then in
+    the system directories a short PATH (systemd's, cron's) may lack."""
+    from pycrid.host import binaries
+
+    mine, system = tmp_path / "mine", tmp_path / "system"
+    for d in (mine, system):
+        d.mkdir()
+        exe = d / "pycrid-test-runc"
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    (system / "pycrid-test-conmon").write_text("#!/bin/sh\n")
+    (system / "pycrid-test-conmon").chmod(0o755)
+    monkeypatch.setattr(binaries, "SYSTEM_PATH", f"/usr/bin:{system}")
+    # Empty and relative entries (the working directory) are never searched.
+    monkeypatch.setenv("PATH", f":.:relative:{mine}:/usr/bin")
+    assert binaries.search_path() == f"{mine}:/usr/bin:{system}"
+    assert binaries.which("pycrid-test-runc") == str(mine / "pycrid-test-runc")
+    assert binaries.which("pycrid-test-conmon") == str(system / "pycrid-test-conmon")
+    assert binaries.which("no-such-binary") == ""
+    monkeypatch.delenv("PATH")
+    assert binaries.search_path() == f"/usr/bin:{system}"
+    assert binaries.which("pycrid-test-runc") == str(system / "pycrid-test-runc")

@@ -21,7 +21,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import Message
 
-from pycrid import __version__, errors
+from pycrid import errors, release
 from pycrid.cadvisor import filters
 from pycrid.cadvisor.proto import containers_pb2, tasks_pb2, version_pb2
 from pycrid.cadvisor.view import ContainerdView
@@ -117,7 +117,9 @@ class TasksService:
 
 class VersionService:
     async def Version(self, request: Any, context: Any) -> Any:
-        return version_pb2.VersionResponse(version=__version__, revision="pycrid")
+        # containerd's Version: the release and, as revision, the commit.
+        return version_pb2.VersionResponse(version=release.VERSION,
+                                           revision=release.commit() or "unknown")
 
 
 def _wrap(full: str, fn: Callable[..., Any], streaming: bool) -> Callable[..., Any]:

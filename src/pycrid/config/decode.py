@@ -2,8 +2,9 @@
 
 A config dataclass declares its keys as fields with defaults; ``field_help``
 and ``field_check`` metadata give the comment printed by ``pycrid config
-default`` and an extra validation. Decoding is strict about types and lenient
-about unknown keys: those are returned so start-up can warn about each by name.
+default`` and an extra validation. Decoding is strict about types, and returns
+the keys it does not know, so that start-up refuses each by name (loader.py) after
+every other mistake in the file has been found too.
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ class ConfigError(InvalidArgument):
 
 @dataclasses.dataclass(frozen=True)
 class UnknownKey:
-    """A key no field matches: ignored with a warning naming the closest known key."""
+    """A key no field matches; its error names the closest known key."""
 
     key: str
     suggestion: str = ""
 
-    def warning(self) -> str:
+    def error(self, release: str) -> ConfigError:
         hint = f"; did you mean `{self.suggestion}`?" if self.suggestion else ""
-        return f"unknown config key {self.key} (ignored{hint})"
+        return ConfigError(self.key, f"not a key of pycrid {release}{hint}")
 
 
 def closest(name: str, known: Iterable[str]) -> str:

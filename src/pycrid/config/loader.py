@@ -1,4 +1,10 @@
-"""Load config.toml: parse, migrate older layouts, decode each section, collect warnings."""
+"""Load config.toml: parse, migrate older layouts, decode each section, refuse what this
+release does not know, collect warnings.
+
+A key or plugin section this release does not know stops start-up naming it, as an
+invalid value does: it is a typo, or a key a newer release added (a config kept through
+a rollback), and either way the setting the operator wrote would not apply
+(docs/upgrades.md). Deprecations stay warnings."""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycrid.config.decode import ConfigError, closest, decode, key_join
+from pycrid import release
+from pycrid.config.decode import ConfigError, UnknownKey, closest, decode, key_join
 from pycrid.config.emit import emit_table
 from pycrid.config.schema import CURRENT_VERSION, Config
 from pycrid.plugin.registry import Registration
@@ -23,7 +30,7 @@ class LoadedConfig:
     config: Config
     #: Decoded section of every plugin that has a config type, by plugin uri.
     plugins: dict[str, Any]
-    #: Unknown keys and deprecations, said once at start-up and shown in Status verbose info.
+    #: Deprecations and the like, said once at start-up and shown in Status verbose info.
     warnings: list[str] = field(default_factory=list)
     source: str = ""
 
@@ -67,7 +74,7 @@ def migrate(
 def load(path: str | None, registrations: Iterable[Registration]) -> LoadedConfig:
     """Read ``path`` (None: the embedded defaults) into a validated config.
 
-    Invalid values raise ConfigError naming the key; unknown keys become warnings.
+    Invalid values and unknown keys raise one ConfigError naming every key.
     """
     regs = list(registrations)
     raw: dict[str, Any] = read_toml(path) if path else {}
@@ -81,13 +88,13 @@ def load(path: str | None, registrations: Iterable[Registration]) -> LoadedConfi
             f"run 'pycrid config migrate --config {path}' to rewrite it as version "
             f"{CURRENT_VERSION}")
     errors: list[ConfigError] = []
+    unknown: list[UnknownKey] = []
     config = Config()
     try:
         config, unknown = decode(Config, {k: v for k, v in raw.items() if k != "plugins"}, "")
     except ConfigError as e:
         errors.append(e)  # the plugin sections are still read, so every mistake is told
-        unknown = e.unknown
-    warnings.extend(u.warning() for u in unknown)
+        unknown = list(e.unknown)
     sections: dict[str, Any] = raw.get("plugins", {})
     by_uri = {r.uri: r for r in regs}
     plugins: dict[str, Any] = {}
@@ -95,24 +102,30 @@ def load(path: str | None, registrations: Iterable[Registration]) -> LoadedConfi
         if name not in by_uri:
             near = closest(name, by_uri)
             hint = f"; did you mean plugins.\"{near}\"?" if near else ""
-            warnings.append(f"unknown config section plugins.\"{name}\" (no such plugin; "
-                            f"ignored{hint})")
+            errors.append(ConfigError(key_join("plugins", name),
+                                      f"no such plugin in pycrid {release.VERSION}{hint}"))
     for uri, reg in by_uri.items():
         if reg.config is None:
             if sections.get(uri):
-                warnings.append(f"plugin {uri} takes no config; plugins.\"{uri}\" ignored")
+                errors.append(ConfigError(key_join("plugins", uri),
+                                          "this plugin takes no configuration"))
             continue
         try:
-            obj, unknown = decode(reg.config, sections.get(uri, {}), key_join("plugins", uri))
+            obj, more = decode(reg.config, sections.get(uri, {}), key_join("plugins", uri))
         except ConfigError as e:
             errors.append(e)
-            warnings.extend(u.warning() for u in e.unknown)
+            unknown.extend(e.unknown)
             continue
-        warnings.extend(u.warning() for u in unknown)
+        unknown.extend(more)
         plugins[uri] = obj
+    errors.extend(u.error(release.VERSION) for u in unknown)
     if errors:
-        # The warnings too: a misspelt key is often why a value is missing.
-        raise ConfigError.combine(errors, notes=warnings)
+        notes = list(warnings)
+        if unknown:
+            notes.append("keys this release does not know are refused, not ignored: a key "
+                         "of a newer pycrid comes out of the config before an older one "
+                         "runs it (docs/upgrades.md)")
+        raise ConfigError.combine(errors, notes=notes)
     config.plugins = plugins
     for name in config.disabled_plugins:
         if name not in by_uri:

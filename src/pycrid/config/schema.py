@@ -255,9 +255,11 @@ class RuntimeConfig:
     cgroup_driver: str = cfg("cgroupfs", "cgroup driver reported to the kubelet (RuntimeConfig)\n"
                              "and used for pod and container cgroups.",
                              one_of("cgroupfs", "systemd"))
-    runtime_path: str = cfg("", "The runc binary (empty: search PATH and /usr/sbin).")
+    runtime_path: str = cfg("", "The runc binary (empty: runc on the search path: the daemon's\n"
+                            "PATH, then /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin,\n"
+                            "/sbin and /bin, the PATH conmon gets too).")
     conmon_path: str = cfg("", "The conmon binary that watches each container\n"
-                           "(empty: search PATH).")
+                           "(empty: conmon on the search path, as for runtime_path).")
     criu_path: str = cfg(
         "", "The CRIU binary runc checkpoints and restores containers with (empty: criu\n"
         "on the search path). Checked once at start with `criu check`; Status says\n"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pycrid import __version__
+from pycrid import release
 from pycrid.config.schema import Config, NRIConfig, RuntimeConfig
 from pycrid.core import orphans
 from pycrid.core.anchors import PodAnchors
@@ -152,10 +152,7 @@ class CRIService:
         self.recovery_seconds = time.monotonic() - started
         log.info("recovered %d pods and %d containers in %.1f ms", len(self.pods.store.ids()),
                  len(self.containers.store.ids()), self.recovery_seconds * 1000)
-        for oid, why in self.pods.store.broken + self.containers.store.broken:
-            message = f"record {oid} could not be read and is ignored: {why}"
-            log.error("%s", message)
-            self.warnings.append(message)
+        self._say_unknown_fields()
         self.nri.recovered()
         await self.nri.start()
         self.warnings.extend(self.nri.adaptation.warnings if self.nri.adaptation else ())
@@ -174,9 +171,7 @@ class CRIService:
                  (time.monotonic() - started) * 1000)
 
     async def _sweep_orphans(self, runtime_ids: set[str]) -> None:
-        pods = set(self.pods.store.ids()) | {oid for oid, _ in self.pods.store.broken}
-        ctrs = set(self.containers.store.ids()) | {oid for oid, _ in
-                                                    self.containers.store.broken}
+        pods, ctrs = set(self.pods.store.ids()), set(self.containers.store.ids())
         removed = await orphans.sweep(
             layout=self.layout, recorded=orphans.Recorded(
                 pods=pods, containers=ctrs,
@@ -186,6 +181,18 @@ class CRIService:
             remove_container=functools.partial(cleanup, self.containers))
         for what in removed:
             log.warning("removed orphaned %s (no record owns it)", what)
+
+    def _say_unknown_fields(self) -> None:
+        """Records a newer pycrid wrote carry fields this one keeps without knowing them
+        (after a rollback): worth a line, not a warning."""
+        seen: dict[str, int] = {}
+        for store in (self.pods.store, self.containers.store):
+            for oid in store.ids():
+                for name in store.unknown_fields(oid):
+                    seen[name] = seen.get(name, 0) + 1
+        if seen:
+            log.info("records carry fields a newer pycrid wrote, kept as they are: %s",
+                     ", ".join(f"{name} ({n})" for name, n in sorted(seen.items())))
 
     async def aclose(self) -> None:
         """Containers keep running under conmon; let the calls under way end (those whose
@@ -215,7 +222,7 @@ class CRIService:
 
     def version(self) -> tuple[str, str, str]:
         """(runtime name, runtime version, CRI API version)."""
-        return RUNTIME_NAME, __version__, CRI_API_VERSION
+        return RUNTIME_NAME, release.runtime_version(), CRI_API_VERSION
 
     async def conditions(self) -> list[Condition]:
         network = Condition("NetworkReady", True)
@@ -263,7 +270,7 @@ class CRIService:
         cfg = self.config
         nri = self.nri.adaptation
         return DaemonInfo(
-            pid=os.getpid(),
+            version=release.VERSION, commit=release.commit(), pid=os.getpid(),
             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
             uptime_seconds=round(time.monotonic() - self._started, 1),
             config_file=self.config_source, root=cfg.root, state=cfg.state,

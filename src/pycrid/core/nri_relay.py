@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycrid import __version__
+from pycrid import release
 from pycrid.config.schema import NRIConfig
 from pycrid.core.nri_objects import (
     container_object,
@@ -96,7 +96,7 @@ class NRI:
         self._evictions = self._owner.child("evictions")
         self.adaptation = (None if config.disable else
                            Adaptation(config, runtime_name=RUNTIME_NAME,
-                                      runtime_version=__version__, domain=self,
+                                      runtime_version=release.runtime_version(), domain=self,
                                       owner=self._owner.child("plugins"),
                                       instruments=instruments))
         self.sync_lock = RWLock()

@@ -2,7 +2,7 @@
 
 Records are written before side effects and deleted after them, so recovery
 normally finds every trace through a record. This sweep covers the rest (a
-record lost with a broken database row, a bug, a state dir copied over): any
+record an operator gave up (docs/upgrades.md), a bug, a state dir copied over): any
 bundle, volume dir, exit file, runc container, writable snapshot, image volume
 view (by its container's id), conmon process, pinned netns or CNI cache entry
 named for an id that is neither a known pod nor a known container is removed

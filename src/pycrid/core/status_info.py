@@ -13,8 +13,12 @@ from pycrid.host.facts import HostSecurity
 
 @dataclass(frozen=True)
 class DaemonInfo:
-    """Who and where: pid, start time, uptime, config file, directories, sockets."""
+    """Who and where: release and commit, pid, start time, uptime, config file,
+    directories, sockets."""
 
+    #: The release (pycrid/__init__.py) and the commit it was built from ("" unknown).
+    version: str
+    commit: str
     pid: int
     #: UTC, ISO 8601 to the second.
     started_at: str

@@ -93,7 +93,7 @@ async def probe(configured: str, key: str = "criu_path") -> CriuSupport:
     path = resolve(configured)
     if not path:
         where = (f"{configured!r} (config {key}) does not exist or is not executable"
-                 if configured else f"no criu binary in {binaries.SEARCH_PATH} (config {key})")
+                 if configured else f"no criu binary in {binaries.search_path()} (config {key})")
         return CriuSupport(error=f"CRIU is not installed: {where}")
     try:
         rc, out = await _run(path, "--version")

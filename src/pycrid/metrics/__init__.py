@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pycrid import __version__
+from pycrid import release
 
 if TYPE_CHECKING:
     from pycrid.core.cri_service import CRIService
@@ -92,8 +92,9 @@ class Metrics:
         self.image_pull_duration = Histogram(
             "pycrid_image_pull_duration_seconds", "Image pull latency (successful and not).",
             buckets=PULL_BUCKETS, registry=r)
-        Gauge("pycrid_build_info", "pycrid build information.", ["version"],
-              registry=r).labels(__version__).set(1)
+        Gauge("pycrid_build_info", "pycrid build information: the release and the commit "
+              "it was built from.", ["version", "commit"],
+              registry=r).labels(release.VERSION, release.commit()).set(1)
         self.core_collector = CoreCollector()
         r.register(self.core_collector)
         #: Label children by key: ``labels()`` takes a lock and builds a tuple per call.

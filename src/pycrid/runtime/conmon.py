@@ -204,7 +204,7 @@ class ConmonRuntime(ContainerRuntime):
             argv += ["--restore", restore, "--runtime-opt", "--file-locks"]
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
         try:
-            env = {"PATH": self.criu_path_env if restore else binaries.SEARCH_PATH,
+            env = {"PATH": self.criu_path_env if restore else binaries.search_path(),
                    "_OCI_SYNCPIPE": str(wfd)}
             proc = await asyncio.create_subprocess_exec(
                 *argv, pass_fds=(wfd,), env=env, cwd=bundle, start_new_session=True,

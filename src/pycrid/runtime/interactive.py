@@ -5,8 +5,9 @@ does: without a TTY the process's stdio are pipes the daemon copies; with a
 TTY runc gets a pseudo-terminal from us (its stdin, stdout and stderr), makes
 the container's own and copies between them, and a resize is ``TIOCSWINSZ``
 on ours followed by SIGWINCH to runc, which passes the size on. The exit code
-is runc's exit status. Cancelling an exec kills the process group runc
-started (its pid file) and runc.
+is runc's exit status. Cancelling an exec kills what runc started, then runc
+(runtime/exec_kill.py); the start of runc and that kill each run whole, so a
+cancellation cannot land half-way through either.
 
 Attach joins conmon's attach socket (SOCK_SEQPACKET: one byte stream id, 2 for
 stdout and 3 for stderr, then the bytes) and resizes through conmon's ctl
@@ -28,9 +29,12 @@ import struct
 import termios
 import tty
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from pycrid import inotify
 from pycrid.errors import FailedPrecondition, Unknown
+from pycrid.operations import finish
+from pycrid.runtime.exec_kill import Stopper, kill_exec
 from pycrid.stdio import ByteSink, ByteSource, ProcessIO, TerminalSize
 
 log = logging.getLogger(__name__)
@@ -38,18 +42,10 @@ log = logging.getLogger(__name__)
 #: After the process exited, how long its output may still trail in (a background
 #: child can hold the pipes open for ever).
 DRAIN_TIMEOUT = 2.0
-#: After its process was killed, how long runc may take to reap it and exit before it
-#: is killed too.
-KILL_GRACE = 5.0
 #: How long a TTY exec waits for the client's first terminal size before it starts.
 FIRST_SIZE_WAIT = 0.5
 #: conmon reads at most this much stdin per packet.
 _ATTACH_PACKET = 32768
-
-
-#: Ends an exec'd process the runtime keeps out of the host's reach (gVisor's runsc
-#: exec: the process lives in the sandbox, and its pid file names runsc itself).
-Stopper = Callable[[], Awaitable[None]]
 
 
 async def run_exec(argv: list[str], pid_path: str, io: ProcessIO,
@@ -59,9 +55,8 @@ async def run_exec(argv: list[str], pid_path: str, io: ProcessIO,
     if io.tty:
         return await _run_tty(argv, pid_path, io, stop)
     pipe, null = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=pipe if io.stdin else null, stdout=pipe if io.stdout else null,
-        stderr=pipe if io.stderr else null, start_new_session=True)
+    proc = await _spawn(argv, pid_path, stop, stdin=pipe if io.stdin else null,
+                        stdout=pipe if io.stdout else null, stderr=pipe if io.stderr else null)
     try:
         async with asyncio.TaskGroup() as tg:
             outputs = [tg.create_task(_copy_out(functools.partial(reader.read, 65536), sink))
@@ -75,7 +70,22 @@ async def run_exec(argv: list[str], pid_path: str, io: ProcessIO,
                 feeder.cancel()
         return code
     finally:
-        await _kill(pid_path, proc, stop)
+        await finish(kill_exec(pid_path, proc, stop))
+
+
+async def _spawn(argv: list[str], pid_path: str, stop: Stopper | None,
+                 **kwargs: Any) -> asyncio.subprocess.Process:
+    """Start runc in a session of its own. A cancellation that lands while asyncio
+    connects its pipes would make asyncio kill runc alone, leaving what runc started
+    already: so the start runs whole, and a cancelled one kills what it started."""
+    task = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        *argv, start_new_session=True, **kwargs))
+    try:
+        return await finish(task)
+    except asyncio.CancelledError:
+        if task.done() and not task.cancelled() and task.exception() is None:
+            await finish(kill_exec(pid_path, task.result(), stop))
+        raise
 
 
 async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO,
@@ -96,8 +106,8 @@ async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO,
                 # size (clients send it at once) before starting runc.
                 with contextlib.suppress(TimeoutError):
                     _set_size(master, await asyncio.wait_for(sizes.get(), FIRST_SIZE_WAIT))
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+            proc = await _spawn(argv, pid_path, stop, stdin=slave, stdout=slave,
+                                stderr=slave)
             os.close(slave)
             slave = -1
             pty = _PtyMaster(master)
@@ -115,7 +125,7 @@ async def _run_tty(argv: list[str], pid_path: str, io: ProcessIO,
                 for task in others:
                     task.cancel()
             finally:
-                await _kill(pid_path, proc, stop)
+                await finish(kill_exec(pid_path, proc, stop))
         return code
     finally:
         if slave >= 0:
@@ -236,56 +246,6 @@ async def _drain(outputs: list[asyncio.Task[None]]) -> None:
         _, pending = await asyncio.wait(outputs, timeout=DRAIN_TIMEOUT)
         for task in pending:
             task.cancel()
-
-
-async def _kill(pid_path: str, proc: asyncio.subprocess.Process,
-                stop: Stopper | None = None) -> None:
-    """Kill what is left of the exec (nothing, after a normal exit) and return only once
-    it is gone, so a timed-out ExecSync answers with its process already dead (the
-    kubelet's exec probes rely on it).
-
-    The exec'd process and whatever it started in its process group go first: runc,
-    their reaper (a child subreaper), collects them and exits. Killing runc at the same
-    moment would leave them to the container's init, which may never reap them (a
-    ``sleep`` as pid 1 leaves zombies that ``ps`` still lists). runc itself is killed
-    only if it does not follow within ``KILL_GRACE``."""
-    if proc.returncode is not None:
-        return
-    if stop is not None:
-        with contextlib.suppress(Exception):
-            await stop()
-    victims = _exec_processes(pid_path, proc.pid)
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    if victims:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proc.wait()), KILL_GRACE)
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-
-
-def _exec_processes(pid_path: str, runc_pid: int) -> list[int]:
-    """The exec'd process (its pid file) and every process in its process group or in
-    runc's (the exec inherits runc's group unless it made its own: a TTY session), runc
-    excepted. Host pids, from /proc."""
-    try:
-        with open(pid_path) as f:
-            pid = int(f.read().strip())
-    except (OSError, ValueError):
-        return []  # runc has not started it yet: killing runc is enough
-    groups = {runc_pid}
-    with contextlib.suppress(OSError):
-        groups.add(os.getpgid(pid))
-    found = {pid}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != runc_pid:
-            with contextlib.suppress(OSError):
-                if os.getpgid(int(entry)) in groups:
-                    found.add(int(entry))
-    return sorted(found)
 
 
 # ---- attach ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import signal
 from dataclasses import dataclass
 
 from pycrid.host import criu
-from pycrid.host.binaries import SEARCH_PATH
+from pycrid.host.binaries import search_path as binary_search_path
 from pycrid.host.criu import CriuSupport
 from pycrid.runtime.interface import CheckpointPaths
 
@@ -61,7 +61,7 @@ def criu_path_dir(state_dir: str, criu: CriuSupport) -> str:
 
 def search_path(criu_dir: str) -> str:
     """The PATH runc and conmon get when they may run CRIU."""
-    return f"{criu_dir}:{SEARCH_PATH}" if criu_dir else SEARCH_PATH
+    return f"{criu_dir}:{binary_search_path()}" if criu_dir else binary_search_path()
 
 
 def checkpoint_args(object_id: str, paths: CheckpointPaths) -> list[str]:

@@ -25,7 +25,7 @@ def find_binary(configured: str, name: str, key: str = "") -> str:
                           f"not executable; {_INSTALL_HINT} or fix {key}")
     path = binaries.which(name)
     if not path:
-        raise Unavailable(f"{name} binary not found in {binaries.SEARCH_PATH}; {_INSTALL_HINT} "
+        raise Unavailable(f"{name} binary not found in {binaries.search_path()}; {_INSTALL_HINT} "
                           f"or set {key} to its path")
     return path
 

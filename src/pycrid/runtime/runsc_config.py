@@ -94,8 +94,8 @@ def find_runsc(configured: str, key: str) -> str:
                           f"executable; {_INSTALL_HINT} or fix {key}")
     found = binaries.which("runsc")
     if not found:
-        raise ConfigError(key, f"runsc binary not found in {binaries.SEARCH_PATH}; {_INSTALL_HINT} "
-                          "or set it")
+        raise ConfigError(key, f"runsc binary not found in {binaries.search_path()}; "
+                          f"{_INSTALL_HINT} or set it")
     return found
 
 

@@ -1,11 +1,17 @@
 """The metadata database: one SQLite file under the root dir, WAL, with versioned schemas.
 
-Each component that persists records (images, snapshots, later pods and
-containers) declares its own ordered list of migrations under its own name;
-``Database.migrate`` applies the ones not yet applied, together in one
-transaction, and records the component's schema version in ``schema_versions``. A database
-written by a newer pycrid (a version we do not know) refuses to open rather
-than being silently misread.
+Each component that persists records (images, snapshots, pods and containers) declares
+its own ordered list of migrations under its own name; ``Database.migrate`` applies the
+ones not yet applied, together in one transaction, and records the component's schema
+version in ``schema_versions`` (version N: N migrations applied).
+
+State outlives the release that wrote it (docs/upgrades.md). A migration marked
+:class:`Additive` leaves data that readers of the version before still use correctly;
+``schema_readers`` keeps, per component, the oldest version whose readers may use the
+tables as they are. A pycrid that finds a version newer than it knows reads on if its
+own version is at least that, and otherwise refuses to start, naming the component, the
+versions and the release that last started on the state (``releases``): never a silent
+misreading. (pycrid 0.1.0 knows no ``schema_readers`` and refuses any newer version.)
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
+from pycrid import release
 from pycrid.errors import FailedPrecondition
 from pycrid.host import space
 
@@ -24,6 +33,51 @@ log = logging.getLogger(__name__)
 
 #: One migration: a function that gets a connection inside an open transaction.
 Migration = Callable[[sqlite3.Connection], None]
+
+
+@dataclass(frozen=True)
+class Additive:
+    """A migration whose result readers of the version before use correctly: it adds a
+    table, a column with a default, or a record field whose default is right for records
+    an older release writes, and whose value stays right when an older release rewrites
+    the record carrying it along unchanged (records.py keeps fields it does not know).
+    Anything else (a new meaning, a new value of an existing field, a backfill) is a
+    plain migration, which older releases refuse."""
+
+    apply: Migration
+
+    def __call__(self, c: sqlite3.Connection) -> None:
+        self.apply(c)
+
+
+def oldest_reader(migrations: Sequence[Migration]) -> int:
+    """The oldest schema version whose readers may use data at ``len(migrations)``: the
+    trailing additive migrations do not count."""
+    version = len(migrations)
+    while version > 1 and isinstance(migrations[version - 1], Additive):
+        version -= 1
+    return version
+
+
+@dataclass(frozen=True)
+class Started:
+    """One start of a pycrid on this state (``releases``)."""
+
+    release: str
+    commit: str
+    at: float
+
+    def describe(self) -> str:
+        return f"pycrid {self.release}" + (f" (commit {self.commit[:12]})" if self.commit
+                                           else "")
+
+
+#: How many starts ``releases`` keeps.
+RELEASES_KEPT = 20
+
+
+class NewerState(FailedPrecondition):
+    """The state was written by a newer pycrid in a way this one cannot read."""
 
 #: Room kept beside the database (``<db>.reserve``) for a full disk: a DELETE in WAL
 #: mode appends to the log before it frees anything, so without it the removals that
@@ -54,6 +108,13 @@ class Database:
             "CREATE TABLE IF NOT EXISTS schema_versions ("
             " component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
         )
+        # Tables pycrid 0.1.0 does not know of, and leaves alone.
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_readers ("
+            " component TEXT PRIMARY KEY, oldest INTEGER NOT NULL)")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS releases ("
+            " at REAL NOT NULL, release TEXT NOT NULL, git_commit TEXT NOT NULL)")
         self._reserve = path + ".reserve"
         self._reserved = False
         self._hold_reserve()
@@ -132,19 +193,47 @@ class Database:
             ).fetchone()
         return int(row[0]) if row else 0
 
+    def oldest_reader(self, component: str) -> int:
+        """The oldest schema version of ``component`` whose readers may use its tables
+        (the version itself when nothing says otherwise)."""
+        with self.read() as c:
+            row = c.execute("SELECT oldest FROM schema_readers WHERE component = ?",
+                            (component,)).fetchone()
+        return int(row[0]) if row else self.schema_version(component)
+
+    def record_start(self, release: str, commit: str) -> None:
+        """Note that ``release`` starts on this state (the last few starts are kept)."""
+        with self.transaction("the release starting on this state") as c:
+            c.execute("INSERT INTO releases(at, release, git_commit) VALUES (?, ?, ?)",
+                      (time.time(), release, commit))
+            c.execute("DELETE FROM releases WHERE rowid NOT IN"
+                      " (SELECT rowid FROM releases ORDER BY at DESC, rowid DESC LIMIT ?)",
+                      (RELEASES_KEPT,))
+
+    def releases(self) -> list[Started]:
+        """The starts recorded on this state, latest first."""
+        with self.read() as c:
+            rows = c.execute("SELECT release, git_commit, at FROM releases"
+                             " ORDER BY at DESC, rowid DESC").fetchall()
+        return [Started(release=r[0], commit=r[1], at=r[2]) for r in rows]
+
     def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
         """Bring ``component``'s tables to ``len(migrations)``; version N means N applied.
 
         The pending migrations run in one transaction (all or none), so a fresh database
         is made in one commit per component. Creating tables is not news; upgrading an
-        existing schema gets one debug line."""
+        existing schema gets one debug line. A newer version is read as it is when its
+        changes since ours are all additive, else refused (NewerState)."""
         current = self.schema_version(component)
         target = len(migrations)
         if current > target:
-            raise FailedPrecondition(
-                f"metadata database {self.path}: schema of {component!r} is version {current}, "
-                f"newer than this pycrid knows ({target}); refusing to use it"
-            )
+            oldest = self.oldest_reader(component)
+            if oldest > target:
+                raise NewerState(self._newer_message(component, current, oldest, target))
+            log.info("metadata schema %s is version %d, newer than this pycrid's %d; its "
+                     "changes since are additive, read as they are", component, current,
+                     target)
+            return
         if current == target:
             return
         with self.transaction() as c:
@@ -155,6 +244,21 @@ class Database:
                 " ON CONFLICT(component) DO UPDATE SET version = excluded.version",
                 (component, target),
             )
+            c.execute(
+                "INSERT INTO schema_readers(component, oldest) VALUES (?, ?)"
+                " ON CONFLICT(component) DO UPDATE SET oldest = excluded.oldest",
+                (component, oldest_reader(migrations)),
+            )
         if current:
             log.debug("metadata schema %s upgraded from version %d to %d", component, current,
                       target)
+
+    def _newer_message(self, component: str, current: int, oldest: int, target: int) -> str:
+        last = self.releases()
+        by = f"; {last[0].describe()} last started on it" if last else ""
+        return (f"metadata database {self.path}: the state of {component!r} is schema "
+                f"version {current}{by}; a reader of version {oldest} or newer is needed, and "
+                f"this pycrid ({release.VERSION}) reads up to version {target}, so it refuses "
+                f"to start rather than misread it. Start a pycrid that reads it (the release "
+                f"that wrote it or a newer one) on this root, or drain the node and start "
+                f"this one on an empty root (docs/upgrades.md)")

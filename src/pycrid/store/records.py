@@ -6,6 +6,13 @@ when the object is removed; so after a crash, a ``creating`` or ``removing``
 record tells recovery exactly what to finish or undo. A container's state is
 derived from its timestamps, as in containerd. The kubelet lists pods and
 containers every second: List and Status never touch SQLite.
+
+Records outlive the release that wrote them (docs/upgrades.md): a field this release
+does not know (a newer one added it) is kept and written back with every rewrite of the
+record, as protobuf keeps unknown fields (the config column is protobuf and keeps its
+own). A record that cannot be read stops start-up, naming it: its container or pod may
+be running, and a runtime that does not list it would let the kubelet start a second
+copy beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from cri_api.v1 import api_pb2 as pb
 
+from pycrid.errors import FailedPrecondition
 from pycrid.store.db import Database
 
 
@@ -134,34 +142,59 @@ def _m1(c: sqlite3.Connection) -> None:
               " config BLOB NOT NULL)")
 
 
+#: The "pods" component's migrations (sandboxes and containers). A new record field is
+#: an ``Additive`` migration (docs/upgrades.md), so that pycrid 0.1.0, which drops a
+#: record with a field it does not know, refuses the state instead.
+MIGRATIONS = [_m1]
+
+
+class UnreadableRecords(FailedPrecondition):
+    """Rows that cannot be read: start-up stops rather than leave their objects running
+    unmanaged."""
+
+
+def read_record(kind: type[R], record: str, config: Any) -> tuple[R, dict[str, Any]]:
+    """A record from its JSON and parsed config, and the fields of it this release does
+    not know (kept for its rewrites)."""
+    fields = json.loads(record)
+    if not isinstance(fields, dict):
+        raise ValueError(f"a record is a JSON object, not {type(fields).__name__}")
+    known = {f.name for f in dataclasses.fields(kind)} - {"config"}
+    unknown = {k: v for k, v in fields.items() if k not in known}
+    fields = {k: v for k, v in fields.items() if k in known}
+    for key in ("groups", "ips"):  # tuples in records, lists in JSON
+        if key in fields:
+            fields[key] = tuple(fields[key])
+    return kind(config=config, **fields), unknown
+
+
 class RecordStore(Generic[R]):
     """One table of records keyed by id, mirrored in a dict."""
 
     def __init__(self, db: Database, table: str, kind: type[R],
                  parse: Callable[[bytes], Any]) -> None:
-        db.migrate("pods", [_m1])
+        db.migrate("pods", MIGRATIONS)
         self._db = db
         self._table = table
         #: The object, as messages name it.
         self._what = {"sandboxes": "pod sandbox", "containers": "container"}.get(table, table)
         self._items: dict[str, R] = {}
-        self._broken: list[tuple[str, str]] = []
+        #: Fields of each record that this release does not know, written back as found.
+        self._unknown: dict[str, dict[str, Any]] = {}
+        broken: list[str] = []
         with db.read() as c:
             rows = c.execute(f"SELECT id, record, config FROM {table}").fetchall()
         for row in rows:
             try:
-                fields = json.loads(row["record"])
-                for key in ("groups", "ips"):  # tuples in records, lists in JSON
-                    if key in fields:
-                        fields[key] = tuple(fields[key])
-                self._items[row["id"]] = kind(config=parse(row["config"]), **fields)
-            except Exception as e:  # one bad row must not stop the daemon
-                self._broken.append((row["id"], f"{type(e).__name__}: {e}"))
-
-    @property
-    def broken(self) -> list[tuple[str, str]]:
-        """Rows that could not be read: (id, why)."""
-        return list(self._broken)
+                rec, unknown = read_record(kind, row["record"], parse(row["config"]))
+            except Exception as e:
+                broken.append(f"{self._what} {row['id']}: {type(e).__name__}: {e}")
+                continue
+            self._items[row["id"]] = rec
+            if unknown:
+                self._unknown[row["id"]] = unknown
+        if broken:
+            raise UnreadableRecords(_unreadable_message(db, table, broken))
 
     def get(self, object_id: str) -> R | None:
         return self._items.get(object_id)
@@ -177,9 +210,14 @@ class RecordStore(Generic[R]):
         (critest: an object is invisible while its Run/Create hook runs)."""
         return [r for r in self._items.values() if not r.creating]
 
+    def unknown_fields(self, object_id: str) -> dict[str, Any]:
+        """The fields of a record that a newer release wrote and this one keeps."""
+        return dict(self._unknown.get(object_id, {}))
+
     def put(self, rec: R) -> R:
-        fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
-                  if f.name != "config"}
+        fields = {**self._unknown.get(rec.id, {}),
+                  **{f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)
+                     if f.name != "config"}}
         # Changing an existing object (stopping it, recording its exit, removing it) may
         # use the database's reserve on a full disk; only a new object may not.
         with self._db.transaction(f"the record of {self._what} {rec.id}",
@@ -200,6 +238,18 @@ class RecordStore(Generic[R]):
                                   frees=True) as c:
             c.execute(f"DELETE FROM {self._table} WHERE id = ?", (object_id,))
         self._items.pop(object_id, None)
+        self._unknown.pop(object_id, None)
+
+
+def _unreadable_message(db: Database, table: str, broken: list[str]) -> str:
+    last = db.releases()
+    by = f" ({last[0].describe()} last started on it)" if last else ""
+    return (f"metadata database {db.path}{by}: {len(broken)} record(s) of table {table} "
+            f"cannot be read: {'; '.join(broken)}. Start-up stops: the objects may be "
+            f"running, and a runtime that did not list them would have the kubelet start "
+            f"second copies. Start a pycrid that reads them (the release that wrote them), "
+            f"or give them up as docs/upgrades.md says (their processes are then stopped "
+            f"and their traces removed at the next start)")
 
 
 def sandbox_store(db: Database) -> RecordStore[SandboxRecord]:
