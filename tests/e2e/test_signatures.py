@@ -337,7 +337,7 @@ def test_kubelet_shows_the_reasons(signed: SignedRegistry, node: Daemon,
     with running_kubelet(str(kubelet), str(tmp_path / "kubelet"), runtime_socket=node.address,
                          manifests=pods, cleanup=remove_pods(node)) as k:
         def reasons() -> bool:
-            for p in json.loads(k.get("/pods")).get("items", []):
+            for p in json.loads(k.get("/pods")).get("items") or []:
                 name = p["metadata"]["name"].split("-pycrid-test-node")[0]
                 for c in (p.get("status") or {}).get("containerStatuses") or []:
                     waiting = (c.get("state") or {}).get("waiting") or {}
