@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 from tests.support.daemon import CRIClient, nri_paths
 from tests.support.pods import leftovers
+from tests.support.registry import LocalRegistry
 
 from bench import pull
 from bench.common import (
@@ -85,6 +87,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="pid of the runtime for rss (default: the socket's owner)")
     ap.add_argument("--nri-socket", metavar="PATH",
                     help="the runtime's NRI socket (with --endpoint; else nri is skipped)")
+    ap.add_argument("--registry-config-dir", metavar="DIR",
+                    help="with --endpoint: the runtime's registry config_path (containerd's "
+                         "hosts.toml tree); the run adds DIR/<registry>/hosts.toml saying "
+                         "plain HTTP for its registry, and removes it at the end")
     ap.add_argument("--seed", type=int, default=0, help="NRI phase-order seed (default 0)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on exit")
     args = ap.parse_args(argv)
@@ -98,6 +104,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         ap.error("--endpoint must be unix:///path/to/socket")
     if args.nri_socket and not args.endpoint:
         ap.error("--nri-socket goes with --endpoint (pycrid's own socket is known)")
+    if args.registry_config_dir and not args.endpoint:
+        ap.error("--registry-config-dir goes with --endpoint (pycrid's own is written)")
     return args
 
 
@@ -131,6 +139,9 @@ def target_env(base: Path, args: argparse.Namespace,
         path = args.endpoint.removeprefix("unix://")
         client = CRIClient(path)
         pods = Pods(client.runtime)
+        stack = contextlib.ExitStack()
+        if args.registry_config_dir:
+            stack.enter_context(hosts_entry(reg, Path(args.registry_config_dir)))
         try:
             pid: int | None = args.daemon_pid or socket_owner(path)
             idle = rss.Idle.take(pid)
@@ -146,6 +157,22 @@ def target_env(base: Path, args: argparse.Namespace,
                     client.remove(busybox)
         finally:
             client.close()
+            stack.close()
+
+
+@contextlib.contextmanager
+def hosts_entry(reg: LocalRegistry, config_dir: Path) -> Iterator[None]:
+    """``config_dir/<host:port>/hosts.toml`` for the run's registry, over plain HTTP: without
+    one, containerd tries HTTPS first on a loopback registry and falls back to HTTP on
+    every pull (its default for localhost), which the pull section would time."""
+    entry = config_dir / reg.host
+    if entry.exists():
+        raise SystemExit(f"{entry} exists already: not overwriting another's registry config")
+    reg.hosts_dir(config_dir)
+    try:
+        yield
+    finally:
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def runtime_info(client: CRIClient, endpoint: str, pid: int | None,
