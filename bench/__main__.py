@@ -46,6 +46,7 @@ from bench.common import (
     supervise,
     wait_gone,
 )
+from bench.pull_kinds import KIND_NAMES, kind_list
 from bench.report import SECTIONS, Section, table
 from pycrid.bench import rss
 from pycrid.bench.command import int_list, section_list
@@ -72,6 +73,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--pull-mb", type=int, default=50, help="image size, MiB (default 50)")
     ap.add_argument("--pull-layers", type=int, default=5, help="image layers (default 5)")
     ap.add_argument("--pull-rounds", type=int, default=5, help="pulls timed (default 5)")
+    ap.add_argument("--pull-kinds", type=kind_list, default=list(KIND_NAMES),
+                    help=f"layer kinds pulled, a comma-separated subset of "
+                         f"{','.join(KIND_NAMES)} (default all)")
+    ap.add_argument("--pull-against", metavar="unix:///PATH", default="",
+                    help="another CRI runtime (containerd) that pulls the same images in the "
+                         "same rounds; each PullImage is shown against its pull")
     ap.add_argument("--rss-pods", type=int, default=100,
                     help="running pods for the rss and list sections (default 100)")
     ap.add_argument("--list-sizes", type=int_list, default=[100, 500, 1000],
@@ -88,9 +95,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--nri-socket", metavar="PATH",
                     help="the runtime's NRI socket (with --endpoint; else nri is skipped)")
     ap.add_argument("--registry-config-dir", metavar="DIR",
-                    help="with --endpoint: the runtime's registry config_path (containerd's "
-                         "hosts.toml tree); the run adds DIR/<registry>/hosts.toml saying "
-                         "plain HTTP for its registry, and removes it at the end")
+                    help="with --endpoint or --pull-against: that runtime's registry "
+                         "config_path (containerd's hosts.toml tree); the run adds "
+                         "DIR/<registry>/hosts.toml saying plain HTTP for its registry, and "
+                         "removes it at the end")
     ap.add_argument("--seed", type=int, default=0, help="NRI phase-order seed (default 0)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on exit")
     args = ap.parse_args(argv)
@@ -104,8 +112,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         ap.error("--endpoint must be unix:///path/to/socket")
     if args.nri_socket and not args.endpoint:
         ap.error("--nri-socket goes with --endpoint (pycrid's own socket is known)")
-    if args.registry_config_dir and not args.endpoint:
-        ap.error("--registry-config-dir goes with --endpoint (pycrid's own is written)")
+    if args.registry_config_dir and not (args.endpoint or args.pull_against):
+        ap.error("--registry-config-dir goes with --endpoint or --pull-against (pycrid's "
+                 "own is written)")
+    if args.pull_against and not args.pull_against.startswith("unix://"):
+        ap.error("--pull-against must be unix:///path/to/socket")
     return args
 
 
@@ -118,7 +129,9 @@ def target_env(base: Path, args: argparse.Namespace,
     """The runtime under test, its idle memory taken before any pull or pod; on exit every
     pod this run made is removed (all pods, for a pycrid of our own) and images pulled
     into an outside runtime are removed."""
-    with registry_env(base) as (reg, images):
+    with registry_env(base) as (reg, images), contextlib.ExitStack() as stack:
+        if args.registry_config_dir:
+            stack.enter_context(hosts_entry(reg, Path(args.registry_config_dir)))
         busybox = images.busybox.ref(reg)
         if args.endpoint is None:
             # info, not the e2e tests' debug: a debug line per call is not what is measured.
@@ -139,9 +152,6 @@ def target_env(base: Path, args: argparse.Namespace,
         path = args.endpoint.removeprefix("unix://")
         client = CRIClient(path)
         pods = Pods(client.runtime)
-        stack = contextlib.ExitStack()
-        if args.registry_config_dir:
-            stack.enter_context(hosts_entry(reg, Path(args.registry_config_dir)))
         try:
             pid: int | None = args.daemon_pid or socket_owner(path)
             idle = rss.Idle.take(pid)
@@ -157,7 +167,6 @@ def target_env(base: Path, args: argparse.Namespace,
                     client.remove(busybox)
         finally:
             client.close()
-            stack.close()
 
 
 @contextlib.contextmanager
@@ -188,8 +197,10 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
     """The installed sections, then pull on a runtime with no pod left."""
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
                 args.list_sizes, args.list_calls, args.runtime_handler)
-    return run_sections(target, idle, plan, RUNC, errors, after={"pull": lambda: pull.run(
-        target, args.pull_mb, args.pull_layers, args.pull_rounds)})
+    opts = pull.Options(args.pull_mb, args.pull_layers, args.pull_rounds,
+                        tuple(args.pull_kinds), args.pull_against)
+    return run_sections(target, idle, plan, RUNC, errors,
+                        after={"pull": lambda: pull.run(target, opts)})
 
 
 @interruptible
