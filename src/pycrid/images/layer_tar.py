@@ -16,7 +16,6 @@ import hashlib
 import logging
 import os
 import posixpath
-import shutil
 import stat
 import tarfile
 import zlib
@@ -56,10 +55,24 @@ _TAR_ERRORS: tuple[type[Exception], ...] = (tarfile.TarError, *CODEC_ERRORS)
 _OPEN_ERRORS: tuple[type[Exception], ...] = (*_TAR_ERRORS, OSError)
 
 
-def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
-    os.lchown(path, info.uid, info.gid)
-    if not is_link:
-        os.chmod(path, stat.S_IMODE(info.mode))
+def _set_meta(path: str | int, info: tarfile.TarInfo, *, is_link: bool) -> None:
+    """Owner, mode (not a symlink's), xattrs and times, through ``path`` (never followed)
+    or an open file descriptor of the entry itself."""
+    if isinstance(path, int):
+        os.fchown(path, info.uid, info.gid)
+        os.fchmod(path, stat.S_IMODE(info.mode))
+    else:
+        os.lchown(path, info.uid, info.gid)
+        if not is_link:
+            os.chmod(path, stat.S_IMODE(info.mode))
+    _set_xattrs(path, info)
+    if not info.isdir():  # directories get their times after the whole layer
+        os.utime(path, (info.mtime, info.mtime), follow_symlinks=isinstance(path, int))
+
+
+def _set_xattrs(path: str | int, info: tarfile.TarInfo) -> None:
+    if not info.pax_headers:
+        return
     for key, value in info.pax_headers.items():
         if key.startswith("SCHILY.xattr."):
             name = key[len("SCHILY.xattr."):]
@@ -71,7 +84,7 @@ def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
                 continue
             try:
                 os.setxattr(path, name, value.encode("utf-8", "surrogateescape"),
-                            follow_symlinks=False)
+                            follow_symlinks=isinstance(path, int))
             except OSError as e:
                 # trusted.* and security.* need privileges a filesystem may not grant;
                 # containerd likewise warns and goes on.
@@ -130,16 +143,25 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
                                    "(allow_device_nodes is false)")
     parent = res.parent(rel_dir, create=True)
     path = os.path.join(parent, base)
-    written = 0
+    if info.isreg():
+        # Most entries: made with O_EXCL (nothing there is ever followed or reused), the
+        # rest through the descriptor, so no name is looked up again.
+        fd = _create(res, path)
+        try:
+            written = _copy_data(tf, src, info, fd, what)
+            _set_meta(fd, info, is_link=False)
+        finally:
+            os.close(fd)
+        return written
     if info.isdir():
         try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode):
-                remove_entry(path)
+                _remove(res, path)
                 # Over this layer's own whiteout: a directory that hides the lower one.
                 make_dir(path, opaque=res.has_lower and is_whiteout(st))
-        except FileNotFoundError:
-            os.mkdir(path, 0o700)
         res.implicit.discard(path)
         dir_times.append((path, info.mtime))
     elif info.islnk():
@@ -159,16 +181,12 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
         if stat.S_ISDIR(tst.st_mode):
             raise DataLoss(f"{what}: hard link target {info.linkname!r} is a directory")
         if target != path:
-            remove_entry(path)
+            _remove(res, path)
             os.link(target, path, follow_symlinks=False)
         return 0
     else:
-        remove_entry(path)
-        if info.isreg():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                written = _copy_data(tf, src, info, out, what)
-        elif info.issym():
+        _remove(res, path)
+        if info.issym():
             os.symlink(info.linkname, path)
         elif info.isfifo():
             os.mkfifo(path, 0o600)
@@ -178,9 +196,24 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
         else:
             raise DataLoss(f"{what}: unsupported tar entry type {info.type!r}")
     _set_meta(path, info, is_link=info.issym())
-    if not info.isdir():
-        os.utime(path, (info.mtime, info.mtime), follow_symlinks=False)
-    return written
+    return 0
+
+
+def _create(res: Resolver, path: str) -> int:
+    """A new regular file at ``path`` (in a directory of the layer's own), open for
+    writing; whatever the name held before (an earlier entry) is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        _remove(res, path)
+        return os.open(path, flags, 0o600)
+
+
+def _remove(res: Resolver, path: str) -> None:
+    """Remove what ``path`` holds; resolved directories are forgotten if it held anything."""
+    if remove_entry(path):
+        res.forget()
 
 
 def _apply_whiteout(res: Resolver, rel_dir: str, base: str, what: str) -> None:
@@ -199,7 +232,7 @@ def _apply_whiteout(res: Resolver, rel_dir: str, base: str, what: str) -> None:
         except NotFound:
             return
         if hidden:
-            remove_entry(os.path.join(parent, hidden))
+            _remove(res, os.path.join(parent, hidden))
         return
     # containerd makes missing parents of a whiteout too: the lower layers may have them.
     parent = res.parent(rel_dir, create=True)
@@ -207,27 +240,36 @@ def _apply_whiteout(res: Resolver, rel_dir: str, base: str, what: str) -> None:
         os.setxattr(parent, OPAQUE_XATTR, b"y", follow_symlinks=False)
         return
     path = os.path.join(parent, hidden)
-    remove_entry(path)
+    _remove(res, path)
     make_whiteout(path)
 
 
-def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, out: IO[bytes],
+def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, fd: int,
                what: str) -> int:
-    """A regular member's data into ``out``: straight from the stream (it starts where the
+    """A regular member's data into ``fd``: straight from the stream (it starts where the
     header ended), or through tarfile for a sparse one, which needs its map."""
     if info.issparse():
         data = tf.extractfile(info)
         assert data is not None
-        shutil.copyfileobj(data, out, CHUNK)
+        while chunk := data.read(CHUNK):
+            _write_all(fd, chunk)
         return info.size
     left = info.size
     while left:
         chunk = src.read(min(left, CHUNK))
         if not chunk:
             raise DataLoss(f"{what}: the archive ends inside the file's data")
-        out.write(chunk)
+        _write_all(fd, chunk)
         left -= len(chunk)
     return info.size
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    done = os.write(fd, data)
+    if done < len(data):  # a regular file takes all but on a full disk, which raises next
+        view = memoryview(data)
+        while done < len(data):
+            done += os.write(fd, view[done:])
 
 
 class TarStream:
