@@ -42,6 +42,7 @@ from pycrid.images.layer_paths import (
     make_whiteout,
     remove_entry,
 )
+from pycrid.images.tar_headers import FastTarInfo
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,8 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
     written = 0
     dir_times: list[tuple[str, float]] = []
     try:
-        tf = tarfile.open(fileobj=cast(IO[bytes], src), mode="r:", errorlevel=2)
+        tf = tarfile.open(fileobj=cast(IO[bytes], src), mode="r:", errorlevel=2,
+                          tarinfo=FastTarInfo)
     except _OPEN_ERRORS as e:
         if space.is_no_space(e):  # writing the blob as it is read: the node's problem
             raise
