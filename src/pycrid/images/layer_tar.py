@@ -281,9 +281,10 @@ class TarStream:
     a member's data is all there); file data is copied straight from here, without the
     copies its stream mode makes."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, *, hashed: bool = True) -> None:
         self._inner = inner
-        self.hash = hashlib.sha256()
+        #: sha256 of what was read, unless not ``hashed`` (the caller knows the digest).
+        self.hash = hashlib.sha256() if hashed else None
         self._pos = 0
         self._recent = b""  # the last bytes read, for a step back
         self._again = b""  # stepped back over: read again before anything new
@@ -303,7 +304,8 @@ class TarStream:
             data: bytes = self._inner.read(want)
             if not data:
                 break
-            self.hash.update(data)
+            if self.hash is not None:
+                self.hash.update(data)
             parts.append(data)
             want -= len(data)
         out = parts[0] if len(parts) == 1 else b"".join(parts)
