@@ -12,7 +12,6 @@ passes: that hash is the layer's diff id.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import logging
 import os
 import posixpath
@@ -21,7 +20,7 @@ import tarfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any, cast
+from typing import IO, cast
 
 import zstandard
 from isal import isal_zlib
@@ -43,10 +42,10 @@ from pycrid.images.layer_paths import (
     remove_entry,
 )
 from pycrid.images.tar_headers import FastTarInfo
+from pycrid.images.tar_stream import CHUNK, TarStream, write_all
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20
 #: What a corrupt or truncated compressed stream raises (the decompressor sits under
 #: the tar reader, so reading an entry can raise them too).
 CODEC_ERRORS: tuple[type[Exception], ...] = (
@@ -254,81 +253,8 @@ def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, fd: i
         data = tf.extractfile(info)
         assert data is not None
         while chunk := data.read(CHUNK):
-            _write_all(fd, chunk)
+            write_all(fd, chunk)
         return info.size
-    left = info.size
-    while left:
-        chunk = src.read(min(left, CHUNK))
-        if not chunk:
-            raise DataLoss(f"{what}: the archive ends inside the file's data")
-        _write_all(fd, chunk)
-        left -= len(chunk)
+    if src.copy_to(fd, info.size) < info.size:
+        raise DataLoss(f"{what}: the archive ends inside the file's data")
     return info.size
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    done = os.write(fd, data)
-    if done < len(data):  # a regular file takes all but on a full disk, which raises next
-        view = memoryview(data)
-        while done < len(data):
-            done += os.write(fd, view[done:])
-
-
-class TarStream:
-    """The uncompressed layer as tarfile reads it: in order, hashed as it passes (the diff
-    id). tarfile parses the headers in its random-access mode, which only ever seeks
-    forward over a stream read in order, or back into the bytes just read (to check that
-    a member's data is all there); file data is copied straight from here, without the
-    copies its stream mode makes."""
-
-    def __init__(self, inner: Any, *, hashed: bool = True) -> None:
-        self._inner = inner
-        #: sha256 of what was read, unless not ``hashed`` (the caller knows the digest).
-        self.hash = hashlib.sha256() if hashed else None
-        self._pos = 0
-        self._recent = b""  # the last bytes read, for a step back
-        self._again = b""  # stepped back over: read again before anything new
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            return b"".join(iter(lambda: self.read(CHUNK), b""))
-        parts = []
-        if self._again:
-            parts.append(self._again[:n])
-            self._again = self._again[n:]
-        want = n - len(parts[0]) if parts else n
-        while want > 0:  # whole reads: tarfile takes a short header block for the end
-            data: bytes = self._inner.read(want)
-            if not data:
-                break
-            if self.hash is not None:
-                self.hash.update(data)
-            parts.append(data)
-            want -= len(data)
-        out = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._pos += len(out)
-        self._recent = (self._recent + out)[-tarfile.BLOCKSIZE:] if len(out) < \
-            tarfile.BLOCKSIZE else out[-tarfile.BLOCKSIZE:]
-        return out
-
-    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
-        if whence != os.SEEK_SET:
-            raise OSError("a layer stream seeks to absolute positions only")
-        if pos < self._pos:
-            back = self._pos - pos
-            if back > len(self._recent):
-                raise OSError(f"a layer stream cannot go back {back} bytes")
-            self._again = self._recent[len(self._recent) - back:] + self._again
-            self._recent = self._recent[:len(self._recent) - back]
-            self._pos = pos
-        while self._pos < pos and self.read(min(pos - self._pos, CHUNK)):
-            pass
-        return self._pos
-
-    def drain(self) -> None:
-        while self.read(CHUNK):
-            pass
-

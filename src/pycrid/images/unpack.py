@@ -28,7 +28,8 @@ from pycrid.errors import DataLoss, InvalidArgument
 from pycrid.images import mediatypes as oci
 from pycrid.images.content import BlobReader
 from pycrid.images.layer_paths import OVERLAY_XATTRS, is_real_dir_inside, lower_entry
-from pycrid.images.layer_tar import CHUNK, CODEC_ERRORS, TarStream, apply_tar
+from pycrid.images.layer_tar import CODEC_ERRORS, apply_tar
+from pycrid.images.tar_stream import CHUNK, TarStream
 
 #: Layer types we unpack. The compression is then told by magic bytes, not by the
 #: type, because registries are known to label gzip layers as plain tar and back.
