@@ -167,6 +167,8 @@ class Resolver:
 
 def clean_name(name: str) -> str:
     """The entry name as a path relative to root, ``..`` clamped ('' is the root itself)."""
+    if name and name[0] not in "./" and "//" not in name and "/." not in name:
+        return name[:-1] if name[-1] == "/" else name  # already clean: the usual case
     return posixpath.normpath("/" + name).lstrip("/")
 
 

@@ -55,24 +55,23 @@ _TAR_ERRORS: tuple[type[Exception], ...] = (tarfile.TarError, *CODEC_ERRORS)
 _OPEN_ERRORS: tuple[type[Exception], ...] = (*_TAR_ERRORS, OSError)
 
 
-def _set_meta(path: str | int, info: tarfile.TarInfo, *, is_link: bool) -> None:
-    """Owner, mode (not a symlink's), xattrs and times, through ``path`` (never followed)
-    or an open file descriptor of the entry itself."""
-    if isinstance(path, int):
-        os.fchown(path, info.uid, info.gid)
-        os.fchmod(path, stat.S_IMODE(info.mode))
-    else:
-        os.lchown(path, info.uid, info.gid)
-        if not is_link:
-            os.chmod(path, stat.S_IMODE(info.mode))
+def _what(info: tarfile.TarInfo) -> str:
+    """How messages name an entry (made only when one is needed)."""
+    return f"layer entry {info.name!r}"
+
+
+def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
+    """Owner, mode (not a symlink's), xattrs and times, through ``path`` (never followed);
+    regular files get theirs through their descriptor."""
+    os.lchown(path, info.uid, info.gid)
+    if not is_link:
+        os.chmod(path, stat.S_IMODE(info.mode))
     _set_xattrs(path, info)
     if not info.isdir():  # directories get their times after the whole layer
-        os.utime(path, (info.mtime, info.mtime), follow_symlinks=isinstance(path, int))
+        os.utime(path, (info.mtime, info.mtime), follow_symlinks=False)
 
 
 def _set_xattrs(path: str | int, info: tarfile.TarInfo) -> None:
-    if not info.pax_headers:
-        return
     for key, value in info.pax_headers.items():
         if key.startswith("SCHILY.xattr."):
             name = key[len("SCHILY.xattr."):]
@@ -133,27 +132,31 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
     rel = clean_name(info.name)
     if rel == "":
         return 0  # the root itself: its metadata belongs to the runtime, not the layer
-    rel_dir, base = posixpath.split(rel)
-    what = f"layer entry {info.name!r}"
+    rel_dir, _, base = rel.rpartition("/")
     if base.startswith(WHITEOUT):
-        _apply_whiteout(res, rel_dir, base, what)
+        _apply_whiteout(res, rel_dir, base, _what(info))
         return 0
     if info.ischr() or info.isblk():
         if not allow_device_nodes:
-            raise PermissionDenied(f"{what}: device nodes are not allowed in image layers "
-                                   "(allow_device_nodes is false)")
-    parent = res.parent(rel_dir, create=True)
-    path = os.path.join(parent, base)
+            raise PermissionDenied(f"{_what(info)}: device nodes are not allowed in image "
+                                   "layers (allow_device_nodes is false)")
+    # The parent is a real path inside the root, never "/" itself.
+    path = res.parent(rel_dir, create=True) + "/" + base
     if info.isreg():
         # Most entries: made with O_EXCL (nothing there is ever followed or reused), the
         # rest through the descriptor, so no name is looked up again.
         fd = _create(res, path)
         try:
-            written = _copy_data(tf, src, info, fd, what)
-            _set_meta(fd, info, is_link=False)
+            written = _copy_data(tf, src, info, fd)
+            os.fchown(fd, info.uid, info.gid)
+            os.fchmod(fd, stat.S_IMODE(info.mode))  # after the owner: chown clears set-id bits
+            if info.pax_headers:
+                _set_xattrs(fd, info)
+            os.utime(fd, (info.mtime, info.mtime))
         finally:
             os.close(fd)
         return written
+    what = _what(info)
     if info.isdir():
         try:
             os.mkdir(path, 0o700)
@@ -245,8 +248,7 @@ def _apply_whiteout(res: Resolver, rel_dir: str, base: str, what: str) -> None:
     make_whiteout(path)
 
 
-def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, fd: int,
-               what: str) -> int:
+def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, fd: int) -> int:
     """A regular member's data into ``fd``: straight from the stream (it starts where the
     header ended), or through tarfile for a sparse one, which needs its map."""
     if info.issparse():
@@ -256,5 +258,5 @@ def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, fd: i
             write_all(fd, chunk)
         return info.size
     if src.copy_to(fd, info.size) < info.size:
-        raise DataLoss(f"{what}: the archive ends inside the file's data")
+        raise DataLoss(f"{_what(info)}: the archive ends inside the file's data")
     return info.size

@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 import tarfile
 from typing import Self
+from zlib import adler32
 
 #: name, mode, uid, gid, size, mtime, chksum, type, linkname, (magic, version),
 #: uname, gname, devmajor, devminor, prefix, (padding).
@@ -26,13 +27,39 @@ _PLAIN_TYPES = frozenset(b"01234567") | {0}
 _BASE256 = (0o200, 0o377)
 
 
+#: Octal fields seen, by their bytes: modes, owners, times and device numbers repeat from
+#: member to member (a field is parsed, and checked, the first time it is seen).
+_SEEN: dict[bytes, int] = {}
+_SEEN_MAX = 4096
+
+
 def _number(field: bytes) -> int:
-    """tarfile's ``nti`` for an octal field (the caller has ruled out base-256)."""
+    """tarfile's ``nti`` for an octal field; ValueError for what it would refuse or parse
+    some other way (base-256)."""
+    if field[0] in _BASE256:
+        raise ValueError("base-256")
     return int(field.split(b"\0", 1)[0].decode("ascii").strip() or "0", 8)
 
 
+def _repeated(field: bytes) -> int:
+    n = _SEEN.get(field)
+    if n is None:
+        n = _number(field)
+        if len(_SEEN) < _SEEN_MAX:
+            _SEEN[field] = n
+    return n
+
+
 def _text(field: bytes, encoding: str, errors: str) -> str:
+    if not field[0]:
+        return ""
     return field.split(b"\0", 1)[0].decode(encoding, errors)
+
+
+def _byte_sum(buf: bytes | bytearray) -> int:
+    """The sum of a block's 512 bytes, in C: the first half of Adler-32 is 1 + the sum of
+    the bytes modulo 65521, and no 256 bytes add up to that much."""
+    return (adler32(buf[:256]) & 0xFFFF) + (adler32(buf[256:]) & 0xFFFF) - 2
 
 
 class FastTarInfo(tarfile.TarInfo):
@@ -46,18 +73,15 @@ class FastTarInfo(tarfile.TarInfo):
         (name, mode, uid, gid, size, mtime, chk, kind, linkname, uname, gname, major, minor,
          prefix) = _BLOCK.unpack(buf)
         try:
-            if (mode[0] in _BASE256 or uid[0] in _BASE256 or gid[0] in _BASE256
-                    or size[0] in _BASE256 or mtime[0] in _BASE256 or chk[0] in _BASE256
-                    or major[0] in _BASE256 or minor[0] in _BASE256):
-                raise ValueError("base-256")
             chksum = _number(chk)
             # The checksum field counts as eight spaces: 256 in all.
-            if chksum != 256 + sum(buf) - sum(chk):
+            if chksum != 256 + _byte_sum(buf) - sum(chk):
                 raise ValueError("not the unsigned checksum")
             obj = cls()
-            obj.mode, obj.uid, obj.gid = _number(mode), _number(uid), _number(gid)
-            obj.size, obj.mtime, obj.chksum = _number(size), _number(mtime), chksum
-            obj.devmajor, obj.devminor = _number(major), _number(minor)
+            obj.size, obj.chksum = _number(size), chksum
+            obj.mode, obj.uid, obj.gid = _repeated(mode), _repeated(uid), _repeated(gid)
+            obj.mtime = _repeated(mtime)
+            obj.devmajor, obj.devminor = _repeated(major), _repeated(minor)
         except ValueError:
             return super().frombuf(buf, encoding, errors)  # raises, or parses what is rare
         obj.name = _text(name, encoding, errors)
