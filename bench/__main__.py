@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 from tests.support.daemon import CRIClient, nri_paths
 from tests.support.pods import leftovers
+from tests.support.registry import LocalRegistry
 
 from bench import pull
 from bench.common import (
@@ -44,6 +46,7 @@ from bench.common import (
     supervise,
     wait_gone,
 )
+from bench.pull_kinds import KIND_NAMES, kind_list
 from bench.report import SECTIONS, Section, table
 from pycrid.bench import rss
 from pycrid.bench.command import int_list, section_list
@@ -70,6 +73,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--pull-mb", type=int, default=50, help="image size, MiB (default 50)")
     ap.add_argument("--pull-layers", type=int, default=5, help="image layers (default 5)")
     ap.add_argument("--pull-rounds", type=int, default=5, help="pulls timed (default 5)")
+    ap.add_argument("--pull-kinds", type=kind_list, default=list(KIND_NAMES),
+                    help=f"layer kinds pulled, a comma-separated subset of "
+                         f"{','.join(KIND_NAMES)} (default all)")
+    ap.add_argument("--pull-against", metavar="unix:///PATH", default="",
+                    help="another CRI runtime (containerd) that pulls the same images in the "
+                         "same rounds; each PullImage is shown against its pull")
     ap.add_argument("--rss-pods", type=int, default=100,
                     help="running pods for the rss and list sections (default 100)")
     ap.add_argument("--list-sizes", type=int_list, default=[100, 500, 1000],
@@ -85,6 +94,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="pid of the runtime for rss (default: the socket's owner)")
     ap.add_argument("--nri-socket", metavar="PATH",
                     help="the runtime's NRI socket (with --endpoint; else nri is skipped)")
+    ap.add_argument("--registry-config-dir", metavar="DIR",
+                    help="with --endpoint or --pull-against: that runtime's registry "
+                         "config_path (containerd's hosts.toml tree); the run adds "
+                         "DIR/<registry>/hosts.toml saying plain HTTP for its registry, and "
+                         "removes it at the end")
     ap.add_argument("--seed", type=int, default=0, help="NRI phase-order seed (default 0)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on exit")
     args = ap.parse_args(argv)
@@ -98,6 +112,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         ap.error("--endpoint must be unix:///path/to/socket")
     if args.nri_socket and not args.endpoint:
         ap.error("--nri-socket goes with --endpoint (pycrid's own socket is known)")
+    if args.registry_config_dir and not (args.endpoint or args.pull_against):
+        ap.error("--registry-config-dir goes with --endpoint or --pull-against (pycrid's "
+                 "own is written)")
+    if args.pull_against and not args.pull_against.startswith("unix://"):
+        ap.error("--pull-against must be unix:///path/to/socket")
     return args
 
 
@@ -110,7 +129,9 @@ def target_env(base: Path, args: argparse.Namespace,
     """The runtime under test, its idle memory taken before any pull or pod; on exit every
     pod this run made is removed (all pods, for a pycrid of our own) and images pulled
     into an outside runtime are removed."""
-    with registry_env(base) as (reg, images):
+    with registry_env(base) as (reg, images), contextlib.ExitStack() as stack:
+        if args.registry_config_dir:
+            stack.enter_context(hosts_entry(reg, Path(args.registry_config_dir)))
         busybox = images.busybox.ref(reg)
         if args.endpoint is None:
             # info, not the e2e tests' debug: a debug line per call is not what is measured.
@@ -148,6 +169,21 @@ def target_env(base: Path, args: argparse.Namespace,
             client.close()
 
 
+@contextlib.contextmanager
+def hosts_entry(reg: LocalRegistry, config_dir: Path) -> Iterator[None]:
+    """``config_dir/<host:port>/hosts.toml`` for the run's registry, over plain HTTP: without
+    one, containerd tries HTTPS first on a loopback registry and falls back to HTTP on
+    every pull (its default for localhost), which the pull section would time."""
+    entry = config_dir / reg.host
+    if entry.exists():
+        raise SystemExit(f"{entry} exists already: not overwriting another's registry config")
+    reg.hosts_dir(config_dir)
+    try:
+        yield
+    finally:
+        shutil.rmtree(entry, ignore_errors=True)
+
+
 def runtime_info(client: CRIClient, endpoint: str, pid: int | None,
                  started: bool) -> dict[str, Any]:
     v = client.runtime.Version(pb.VersionRequest(), timeout=30)
@@ -161,8 +197,10 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
     """The installed sections, then pull on a runtime with no pod left."""
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
                 args.list_sizes, args.list_calls, args.runtime_handler)
-    return run_sections(target, idle, plan, RUNC, errors, after={"pull": lambda: pull.run(
-        target, args.pull_mb, args.pull_layers, args.pull_rounds)})
+    opts = pull.Options(args.pull_mb, args.pull_layers, args.pull_rounds,
+                        tuple(args.pull_kinds), args.pull_against)
+    return run_sections(target, idle, plan, RUNC, errors,
+                        after={"pull": lambda: pull.run(target, opts)})
 
 
 @interruptible

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.pull_kinds import KIND_NAMES
 from cri_api.v1 import api_pb2 as pb
 
+from tests.support import interop
 from tests.support.daemon import nri_paths, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import daemon_config
@@ -29,6 +31,8 @@ LIST_SIZES = (3, 6)
 SECTIONS = ("lifecycle", "nri", "pull", "rss", "list")
 #: The endpoint test also times gVisor's pod start where runsc is installed.
 RUNSC = shutil.which("runsc") is not None
+#: The pull section makes its zstd:chunked image with upstream skopeo, where it is.
+SKOPEO = interop.binary("skopeo") is not None
 
 
 def _positive(v: Any) -> bool:
@@ -115,8 +119,14 @@ def test_bench(tmp_path: Path) -> None:
     pull = result["sections"]["pull"]
     assert pull["image"]["layers"] == 2 and pull["image"]["bytes"] > 2 << 20
     assert not any("did not fetch" in n for n in pull["notes"])
-    # Each PullImage is shown against the minimal pull of the same image, timed each round.
-    for suffix in ("", " zstd"):
+    # One image per layer kind (zstd:chunked only where skopeo is there to make it), each
+    # PullImage shown against the minimal pull of the same image, timed each round.
+    kinds = [i["kind"] for i in pull["images"]]
+    assert kinds == [k for k in KIND_NAMES if k != "zstd:chunked text" or SKOPEO]
+    text = next(i for i in pull["images"] if i["kind"] == "gzip text")
+    assert text["content"] == "text" and text["bytes"] < pull["image"]["bytes"]  # compresses
+    for kind in kinds:
+        suffix = "" if kind == "gzip" else f" {kind}"
         fig = pull["figures"][f"PullImage{suffix} against the minimal pull"]
         assert fig["floor"] == f"minimal pull{suffix}"
         assert len(pull["samples"][f"minimal pull{suffix}"]) == PULL_ROUNDS
@@ -175,3 +185,35 @@ def test_bench_endpoint(tmp_path: Path, registry: LocalRegistry,
         # Only the runtime's own sandbox image (from its registry) may have appeared.
         left = {t for i in d.client.list() if i.id not in images_before for t in i.repo_tags}
         assert left <= {test_images.pause.ref(registry)}, left
+
+
+def test_bench_pull_against(tmp_path: Path) -> None:
+    """``--pull-against``: another runtime (a second pycrid here) pulls the same images in
+    the same rounds; every kind shows the runtime under test against it, wall time and the
+    daemons' CPU, and ``--registry-config-dir`` leaves no hosts.toml behind."""
+    base, certs = tmp_path / "other", tmp_path / "certs.d"
+    certs.mkdir()
+    with running_daemon(str(base), "version = 2\n"
+                        f'[plugins."pycrid.cri.v1.images".registry]\nconfig_path = "{certs}"\n'
+                        ) as d:
+        out = tmp_path / "out.json"
+        r = subprocess.run([sys.executable, "-m", "bench", "--sections", "pull",
+                            "--pull-mb", "2", "--pull-layers", "2", "--pull-rounds", "1",
+                            "--pull-kinds", "gzip,uncompressed text",
+                            "--pull-against", f"unix://{d.address}",
+                            "--registry-config-dir", str(certs), "--json", str(out)],
+                           cwd=PROJECT, env={**os.environ, "TMPDIR": str(tmp_path)},
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=240, check=False)
+        assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
+        assert d.client.list() == []  # its pulls were removed
+    pull = json.loads(out.read_text())["sections"]["pull"]
+    assert pull["against"] == f"unix://{d.address}"
+    other = f"pycrid (unix://{d.address})"  # the same name as the runtime under test's
+    for suffix in ("", " uncompressed text"):
+        fig = pull["figures"][f"PullImage{suffix} against {other}"]
+        assert fig["floor"] == f"{other} PullImage{suffix}" and _positive(fig["ratio"])
+        assert pull["samples"][f"{other} PullImage{suffix}"][0] > 0
+        cpu = pull["figures"][f"PullImage{suffix} daemon CPU against {other}"]
+        assert cpu["n"] == 1 and cpu["floor"] == f"{other} PullImage{suffix} daemon CPU"
+    assert list(certs.iterdir()) == []

@@ -29,6 +29,7 @@ from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
+from pycrid.images.heap import PullBuffers
 from pycrid.images.mediatypes import INDEX_TYPES, Descriptor, Platform, verify_bytes
 from pycrid.images.reference import Reference
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
@@ -110,6 +111,8 @@ class ImageFetcher:
             max_workers=4 * config.max_concurrent_downloads, thread_name_prefix="unpack")
         #: Pull bytes are counted here when set (by the image service).
         self.metrics = metrics
+        # Freed buffers stay in the C heap while pulls run, and go back after the last.
+        self._buffers = PullBuffers(self._unpackers)
 
     def close(self) -> None:
         self._unpackers.shutdown(wait=False, cancel_futures=True)
@@ -120,7 +123,7 @@ class ImageFetcher:
         """The image ``target`` (an index or a manifest) names: its blobs stored, its layers
         committed as snapshots; the record returned is not stored yet."""
         writes: list[asyncio.Future[None]] = []
-        with space.writing(f"image {ref}", self.content.root):
+        with self._buffers.pulling(), space.writing(f"image {ref}", self.content.root):
             try:
                 rec = await self._fetch_all(ref, target, creds, writes)
             finally:
