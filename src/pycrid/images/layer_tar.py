@@ -20,7 +20,7 @@ import shutil
 import stat
 import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -78,6 +78,12 @@ def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
                 log.warning("layer entry %s: cannot set xattr %s: %s", info.name, name, e)
 
 
+#: Puts a regular file at its (resolved, free) path itself, taking its data from the
+#: stream, and says so; False lets the unpacker write it. A partial pull shares files
+#: the node has this way (images/partial/materialize.py).
+FilePlacer = Callable[[tarfile.TarInfo, str, "TarStream"], bool]
+
+
 @dataclass(frozen=True)
 class Applied:
     #: Bytes of file data written.
@@ -88,7 +94,7 @@ class Applied:
 
 def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
               allow_device_nodes: bool = False, has_lower: bool = False,
-              lowers: Sequence[str] = ()) -> Applied:
+              lowers: Sequence[str] = (), place: FilePlacer | None = None) -> Applied:
     """Apply the uncompressed tar ``tar_stream`` onto directory ``root``, the layer's own
     directory; ``has_lower``: layers lie below it (whiteouts are then kept as overlayfs
     whiteouts rather than only removing what this layer wrote); ``lowers``: their
@@ -105,7 +111,7 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
         raise DataLoss(f"layer is not a readable tar archive: {e}") from None
     try:
         for info in tf:
-            written += _apply_entry(res, tf, src, info, allow_device_nodes, dir_times)
+            written += _apply_entry(res, tf, src, info, allow_device_nodes, dir_times, place)
     except _TAR_ERRORS as e:
         raise DataLoss(f"layer archive is corrupt or truncated: {e}") from None
     for path, mtime in reversed(dir_times):
@@ -115,7 +121,8 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
 
 
 def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo,
-                 allow_device_nodes: bool, dir_times: list[tuple[str, float]]) -> int:
+                 allow_device_nodes: bool, dir_times: list[tuple[str, float]],
+                 place: FilePlacer | None) -> int:
     rel = clean_name(info.name)
     if rel == "":
         return 0  # the root itself: its metadata belongs to the runtime, not the layer
@@ -164,6 +171,8 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
         return 0
     else:
         remove_entry(path)
+        if info.isreg() and place is not None and not info.issparse() and place(info, path, src):
+            return info.size  # its metadata is the shared file's, already the entry's
         if info.isreg():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:

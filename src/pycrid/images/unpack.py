@@ -28,7 +28,7 @@ from pycrid.errors import DataLoss, InvalidArgument
 from pycrid.images import mediatypes as oci
 from pycrid.images.content import BlobReader
 from pycrid.images.layer_paths import OVERLAY_XATTRS, is_real_dir_inside, lower_entry
-from pycrid.images.layer_tar import CHUNK, CODEC_ERRORS, TarStream, apply_tar
+from pycrid.images.layer_tar import CHUNK, CODEC_ERRORS, FilePlacer, TarStream, apply_tar
 
 #: Layer types we unpack. The compression is then told by magic bytes, not by the
 #: type, because registries are known to label gzip layers as plain tar and back.
@@ -68,13 +68,15 @@ class Extracted:
 
 
 def extract(raw: BlobReader, root: str, *, name: str, has_lower: bool,
-            allow_device_nodes: bool, lowers: Sequence[str] = ()) -> Extracted:
+            allow_device_nodes: bool, lowers: Sequence[str] = (),
+            place: FilePlacer | None = None) -> Extracted:
     """Decompress and apply one layer blob (read as it downloads) onto its own directory
-    ``root``; runs in a worker thread. ``name`` (the blob digest) is for messages."""
+    ``root``; runs in a worker thread. ``name`` (the blob digest) is for messages;
+    ``place`` may put regular files in place itself (``apply_tar``)."""
     try:
         reader = TarStream(_decompressed(raw))
         applied = apply_tar(root, reader, allow_device_nodes=allow_device_nodes,
-                            has_lower=has_lower, lowers=lowers)
+                            has_lower=has_lower, lowers=lowers, place=place)
         reader.drain()  # tar padding after the end marker counts for the diff id
     except CODEC_ERRORS as e:
         raise DataLoss(f"layer {name} is corrupt: {e}") from None
