@@ -113,6 +113,7 @@ async def _init_images(ctx: InitContext) -> Any:
     from pycrid.images.distribution import RegistryClient
     from pycrid.images.hosts import RegistryHosts
     from pycrid.images.image_service import ImageService
+    from pycrid.images.partial.file_index import FileIndex
     from pycrid.store.image_records import ImageStore
 
     config: ImagesConfig = ctx.config
@@ -126,6 +127,7 @@ async def _init_images(ctx: InitContext) -> Any:
         config=config,
         metrics=ctx.properties.get("metrics"),
         owner=_owner(ctx, "images"),
+        files=FileIndex(db),
     )
 
 

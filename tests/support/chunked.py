@@ -16,12 +16,21 @@ import base64
 import hashlib
 import io
 import json
+import random
+import shutil
 import struct
+import subprocess
 import tarfile
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zstandard
+
+from tests.support.images import ImageBuild, push
+from tests.support.layers import Entry, tar_bytes
+from tests.support.registry import LocalRegistry
 
 _SKIPPABLE = b"\x50\x2a\x4d\x18"
 _FOOTER_MAGIC = b"GNUlInUx"
@@ -99,3 +108,63 @@ def zstd_chunked(tar: bytes, *, toc_hook: Hook | None = None,
         "io.github.containers.zstd-chunked.tarsplit-position":
             f"{split_at}:{len(split_z)}:{len(split_json)}",
     }
+
+
+# ---------------------------------------------------------------------------
+# Images with versions, made zstd:chunked by skopeo
+
+
+_WORDS = [bytes(w, "ascii") for w in (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
+    "sigma tau upsilon phi chi psi omega config value true false none path usr lib share "
+    "local bin sbin etc var opt data cache log run tmp home root node pod container image "
+    "layer chunk file digest sha256 zstd gzip tar split index json yaml toml").split()]
+
+
+def text(size: int, seed: int) -> bytes:
+    """``size`` bytes of word salad (compresses about as well as source code)."""
+    rnd = random.Random(seed)
+    out = b" ".join(rnd.choices(_WORDS, k=size // 5 + 8))
+    return out[:size]
+
+
+def app_layers(version: int, *, layers: int = 3, files: int = 40, size: int = 4096,
+               changed: float = 0.05, seed: int = 0) -> list[bytes]:
+    """Layer tars of a made-up application image, ``layers`` layers of ``files`` files
+    of about ``size`` bytes. Version 2 is a rebuild: in every layer, a ``changed`` share
+    of the files has new contents and one file is new; the rest is byte for byte v1's."""
+    every = max(1, round(1 / changed)) if changed else 0
+    tars = []
+    for n in range(layers):
+        entries = [Entry(f"app{n}", "dir"), Entry(f"app{n}/lib", "dir")]
+        for i in range(files):
+            bump = version > 1 and every and i % every == every // 2
+            s = seed * 1_000_003 + n * 10_007 + i + (500_000 if bump else 0)
+            entries.append(Entry(f"app{n}/lib/f{i:05d}.txt",
+                                 data=text(size // 2 + (s * 7919) % size, s)))
+        entries.append(Entry(f"app{n}/VERSION", data=f"{version}\n".encode()))
+        if version > 1:
+            entries.append(Entry(f"app{n}/lib/new-in-{version}.txt",
+                                 data=text(size, seed + 99 + n)))
+        tars.append(tar_bytes(entries))
+    return tars
+
+
+def skopeo_chunked(registry: LocalRegistry, build: ImageBuild, name: str,
+                   skopeo: str | Path) -> str:
+    """Push ``build`` and have skopeo copy it to ``name`` (repo:tag) with zstd:chunked
+    layers; returns the new manifest's digest."""
+    repo, _, tag = name.rpartition(":")
+    src = f"{repo}-src:{tag}"
+    push(registry, src.rpartition(":")[0], tag, build)
+    digest_file = Path(tempfile.mkdtemp()) / "digest"
+    try:
+        subprocess.run(
+            [str(skopeo), "--insecure-policy", "copy", "--quiet", "--src-tls-verify=false",
+             "--dest-tls-verify=false", "--dest-compress-format", "zstd:chunked",
+             "--digestfile", str(digest_file), f"docker://{registry.host}/{src}",
+             f"docker://{registry.host}/{name}"],
+            check=True, capture_output=True, timeout=300)
+        return digest_file.read_text().strip()
+    finally:
+        shutil.rmtree(digest_file.parent, ignore_errors=True)

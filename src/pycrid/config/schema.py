@@ -141,6 +141,17 @@ class ImagesConfig:
         "where the kernel or file system cannot make them, give such pods a copy of the\n"
         "image chowned to their ids instead of refusing them (containerd's overlayfs\n"
         "snapshotter key: the copy costs the image's size per set of mappings).")
+    enable_partial_images: bool = cfg(
+        True, "Partial pulls (CRI-O's key): a zstd:chunked layer is rebuilt from the files\n"
+        "this node already has plus the missing files fetched with range requests, and\n"
+        "verified against its diff id like any layer; false: every layer is downloaded\n"
+        "whole.")
+    use_hard_links: bool = cfg(
+        False, "A file a partial pull takes from a layer already here, with the same owner,\n"
+        "mode, mtime and xattrs, becomes a hard link to it instead of a copy (containers/\n"
+        "storage's key): less disk, and safe, since layers are never written after they\n"
+        "are committed (containers write through overlayfs, which copies a file up first).\n"
+        "Files then show a link count above 1 inside containers.")
     registry: RegistryConfig = cfg(RegistryConfig(), "Registry access.")
 
 

@@ -30,6 +30,7 @@ from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
 from pycrid.images.mediatypes import INDEX_TYPES, Descriptor, Platform, verify_bytes
+from pycrid.images.partial.puller import LayerJob, PartialPuller, Scratch
 from pycrid.images.reference import Reference
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
 from pycrid.images.threads import run_settled, settle
@@ -82,6 +83,8 @@ class PullMetrics(Protocol):
 
     def pull_bytes(self, n: int) -> None: ...
 
+    def pull_saved(self, reused: int, skipped: int) -> None: ...
+
 
 
 class ImageFetcher:
@@ -97,6 +100,7 @@ class ImageFetcher:
         config: ImagesConfig,
         platform: Platform,
         metrics: PullMetrics | None = None,
+        partial: PartialPuller | None = None,
     ) -> None:
         self.content = content
         self.snapshotter = snapshotter
@@ -110,6 +114,8 @@ class ImageFetcher:
             max_workers=4 * config.max_concurrent_downloads, thread_name_prefix="unpack")
         #: Pull bytes are counted here when set (by the image service).
         self.metrics = metrics
+        #: Asked first for each layer: a partial pull (None: every layer whole).
+        self.partial = partial
 
     def close(self) -> None:
         self._unpackers.shutdown(wait=False, cancel_futures=True)
@@ -228,12 +234,21 @@ class ImageFetcher:
         def opener() -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
             return self.client.fetch_blob(ref, layer, creds)
 
-        async def unpack(lowers: list[str] | None = None) -> tuple[str, Extracted]:
-            """Into a new scratch snapshot: the blob as it downloads, or from the store."""
+        async def scratch() -> str:
+            """A new scratch snapshot (its directory) for the layer."""
             nonlocal key
             key = f"{TEMP_PREFIX}{secrets.token_hex(6)}-{chain_id}"
             await self._settled(self.snapshotter.prepare, key, None)
-            root = self.snapshotter.upper_dir(key)
+            return self.snapshotter.upper_dir(key)
+
+        async def drop() -> None:
+            nonlocal key
+            await self._discard(key)
+            key = ""
+
+        async def unpack(lowers: list[str] | None = None) -> tuple[str, Extracted]:
+            """Into a new scratch snapshot: the blob as it downloads, or from the store."""
+            root = await scratch()
             got = await self.content.ingest(
                 layer.digest, layer.size, opener,
                 functools.partial(extract, root=root, name=layer.digest,
@@ -248,9 +263,15 @@ class ImageFetcher:
                                f"{diff_id}, content is {got.result.diff_id}")
             return root, got.result
 
+        async def partially() -> tuple[str, Extracted] | None:
+            if self.partial is None or self.content.exists(layer.digest):
+                return None
+            job = LayerJob(ref, creds, layer, diff_id, chain_id, has_lower=parent is not None)
+            return await self.partial.unpack(job, Scratch(scratch, drop))
+
         try:
             async with sem:
-                root, unpacked = await unpack()
+                root, unpacked = await partially() or await unpack()
             failpoint("pull.downloaded")  # a verified blob in the content store
             if below is not None:
                 await below.wait()
@@ -267,6 +288,8 @@ class ImageFetcher:
                 await self._settled(self.snapshotter.commit, chain_id, key, parent=parent)
             except AlreadyExists:
                 await self._discard(key)  # another pull committed the same tree first
+            if self.partial is not None:
+                await self.partial.committed(chain_id, layer)
         except BaseException as e:
             if key:
                 await self._discard(key)
