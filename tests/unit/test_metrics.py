@@ -18,8 +18,8 @@ from cri_api.v1 import api_pb2_grpc as pb_grpc
 from pycrid import __version__, errors
 from pycrid.config.decode import ConfigError
 from pycrid.core.cri_service import CRIService
-from pycrid.images.pull_report import PullReport
 from pycrid.cri.instrument import Gate, instrumented_servicer
+from pycrid.images.pull_report import PullReport
 from pycrid.metrics import Metrics, samples
 from pycrid.metrics.endpoint import MetricsServer
 from pycrid.store.records import ContainerRecord, SandboxRecord

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycrid.errors import DataLoss
+from pycrid.faults import failpoint
 from pycrid.host.mounts import link_fd
 from pycrid.images.layer_paths import OVERLAY_XATTRS
 from pycrid.images.layer_tar import TarStream
@@ -80,6 +81,7 @@ def materialize(job: Job, ranges: Ranges) -> Materialized:
     stream = Reassembled(job.lay, job.plan, ranges)
     wrapped = _Stream(stream)
     placer = _Placer(stream, wrapped, os.path.realpath(job.root), job.hard_links)
+    placer.halfway = max(1, len(job.lay.files()) // 2)
     try:
         got = extract(wrapped, job.root, name=job.name, has_lower=job.has_lower,
                       allow_device_nodes=job.allow_device_nodes, place=placer)
@@ -98,6 +100,8 @@ class _Placer:
         self._root, self._hard_links = root, hard_links
         self.landed: list[tuple[str, str, int]] = []
         self.linked = 0
+        #: Files placed when the fail point ``pull.partial`` is met (half the layer's).
+        self.halfway = 1
 
     def __call__(self, info: tarfile.TarInfo, path: str, src: TarStream) -> bool:
         cur = self._stream.current()
@@ -105,6 +109,8 @@ class _Placer:
             return False  # not where the tar-split said a file's data starts: write it
         f, local = cur
         self.landed.append((f.digest, os.path.relpath(path, self._root), f.size))
+        if len(self.landed) == self.halfway:
+            failpoint("pull.partial")  # half the files in the scratch snapshot, some shared
         if local is None or not self._hard_links:
             return False
         fd = self._stream.local_fd()
