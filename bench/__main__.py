@@ -1,11 +1,11 @@
 """The issue-10 benchmark of a CRI runtime: lifecycle, NRI, pull, memory and list latency,
-each figure beside a floor measured in the same run. The sections but pull are
-``pycrid.bench``'s (also installed as ``pycrid bench``); this adds the test registry, a
-pycrid of its own and the pull section.
+and partial pulls, each figure beside a floor measured in the same run. The sections but
+pull and partial are ``pycrid.bench``'s (also installed as ``pycrid bench``); this adds
+the test registry, a pycrid of its own and the pull and partial sections.
 
 Run from the repository root as root::
 
-    .venv/bin/python -m bench [--json PATH] [--sections lifecycle,nri,pull,rss,list]
+    .venv/bin/python -m bench [--json PATH] [--sections lifecycle,nri,pull,rss,list,partial]
                               [--endpoint unix:///run/containerd/containerd.sock]
 
 Without ``--endpoint`` a ``pycrid serve`` from this checkout is started on a temporary
@@ -29,7 +29,7 @@ from cri_api.v1 import api_pb2 as pb
 from tests.support.daemon import CRIClient, nri_paths
 from tests.support.pods import leftovers
 
-from bench import pull
+from bench import partial, pull
 from bench.common import (
     RUNC,
     HostSnapshot,
@@ -70,6 +70,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--pull-mb", type=int, default=50, help="image size, MiB (default 50)")
     ap.add_argument("--pull-layers", type=int, default=5, help="image layers (default 5)")
     ap.add_argument("--pull-rounds", type=int, default=5, help="pulls timed (default 5)")
+    ap.add_argument("--partial-mb", type=int, default=100,
+                    help="partial: size of v1 and v2, MiB uncompressed (default 100)")
+    ap.add_argument("--partial-layers", type=int, default=5,
+                    help="partial: their layers (default 5)")
+    ap.add_argument("--partial-files", type=int, default=1000,
+                    help="partial: files per layer (default 1000)")
+    ap.add_argument("--partial-rounds", type=int, default=3,
+                    help="partial: rounds (default 3)")
+    ap.add_argument("--compare-endpoint", metavar="unix:///PATH",
+                    help="partial: also time the pulls of the CRI runtime at this socket "
+                         "(containerd, say) in the same rounds")
+    ap.add_argument("--compare-registry-config-dir", metavar="DIR",
+                    help="partial: the compared runtime's registry config_path (hosts.toml "
+                         "directories): the run's registry is written there as plain http, "
+                         "and removed at the end")
     ap.add_argument("--rss-pods", type=int, default=100,
                     help="running pods for the rss and list sections (default 100)")
     ap.add_argument("--list-sizes", type=int_list, default=[100, 500, 1000],
@@ -88,8 +103,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="NRI phase-order seed (default 0)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on exit")
     args = ap.parse_args(argv)
-    if min(args.iterations, args.pull_rounds, args.list_calls) < 1:
-        ap.error("--iterations, --pull-rounds and --list-calls must be at least 1")
+    if min(args.iterations, args.pull_rounds, args.list_calls, args.partial_rounds,
+           args.partial_layers, args.partial_files) < 1:
+        ap.error("--iterations, --pull-rounds, --list-calls and the --partial-* counts must "
+                 "be at least 1")
     if not 1 <= args.pull_layers <= args.pull_mb:
         ap.error("need 1 <= --pull-layers <= --pull-mb (layers are whole MiB)")
     if args.rss_pods < 1:
@@ -161,8 +178,12 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
     """The installed sections, then pull on a runtime with no pod left."""
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
                 args.list_sizes, args.list_calls, args.runtime_handler)
-    return run_sections(target, idle, plan, RUNC, errors, after={"pull": lambda: pull.run(
-        target, args.pull_mb, args.pull_layers, args.pull_rounds)})
+    return run_sections(target, idle, plan, RUNC, errors, after={
+        "pull": lambda: pull.run(target, args.pull_mb, args.pull_layers, args.pull_rounds),
+        "partial": lambda: partial.run(target, args.partial_mb, args.partial_layers,
+                                       args.partial_files, args.partial_rounds,
+                                       args.compare_endpoint,
+                                       args.compare_registry_config_dir)})
 
 
 @interruptible

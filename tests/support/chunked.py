@@ -129,19 +129,23 @@ def text(size: int, seed: int) -> bytes:
 
 
 def app_layers(version: int, *, layers: int = 3, files: int = 40, size: int = 4096,
-               changed: float = 0.05, seed: int = 0) -> list[bytes]:
+               changed: float = 0.05, seed: int = 0, binary: float = 0.0) -> list[bytes]:
     """Layer tars of a made-up application image, ``layers`` layers of ``files`` files
-    of about ``size`` bytes. Version 2 is a rebuild: in every layer, a ``changed`` share
-    of the files has new contents and one file is new; the rest is byte for byte v1's."""
+    of ``size`` bytes on average (text; a ``binary`` share of them random bytes, which
+    do not compress). Version 2 is a rebuild: in every layer, a ``changed`` share of the
+    files has new contents and one file is new; the rest is byte for byte v1's."""
     every = max(1, round(1 / changed)) if changed else 0
+    odd = max(1, round(1 / binary)) if binary else 0
     tars = []
     for n in range(layers):
         entries = [Entry(f"app{n}", "dir"), Entry(f"app{n}/lib", "dir")]
         for i in range(files):
             bump = version > 1 and every and i % every == every // 2
             s = seed * 1_000_003 + n * 10_007 + i + (500_000 if bump else 0)
-            entries.append(Entry(f"app{n}/lib/f{i:05d}.txt",
-                                 data=text(size // 2 + (s * 7919) % size, s)))
+            length = size // 2 + (s * 7919) % size
+            data = random.Random(s).randbytes(length) if odd and i % odd == 0 else \
+                text(length, s)
+            entries.append(Entry(f"app{n}/lib/f{i:05d}.txt", data=data))
         entries.append(Entry(f"app{n}/VERSION", data=f"{version}\n".encode()))
         if version > 1:
             entries.append(Entry(f"app{n}/lib/new-in-{version}.txt",

@@ -89,9 +89,11 @@ _SYS_OPENAT2 = 437  # the same number on every architecture
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
 
 
-def _openat2(root: str, path: str, flags: int, resolve: int) -> int:
-    """openat2(2) of ``path`` under directory ``root``; OSError as open(2) would raise."""
-    dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+def _openat2(root: str | int, path: str, flags: int, resolve: int) -> int:
+    """openat2(2) of ``path`` under directory ``root`` (a path, or an fd of it); OSError
+    as open(2) would raise."""
+    dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) \
+        if isinstance(root, str) else root
     try:
         how = _OpenHow(flags=flags | os.O_CLOEXEC, mode=0, resolve=resolve)
         fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd),
@@ -102,7 +104,8 @@ def _openat2(root: str, path: str, flags: int, resolve: int) -> int:
             raise OSError(err, os.strerror(err), path)
         return fd
     finally:
-        os.close(dirfd)
+        if isinstance(root, str):
+            os.close(dirfd)
 
 
 def real_dir_beneath(root: str, path: str) -> str:
@@ -121,9 +124,10 @@ def real_dir_beneath(root: str, path: str) -> str:
         os.close(fd)
 
 
-def open_no_symlinks(root: str, path: str) -> int:
-    """A read-only fd of ``path`` inside ``root`` reached through no symlink at all (and
-    never outside ``root``): ELOOP where a component is one, ENOENT where it is missing."""
+def open_no_symlinks(root: str | int, path: str) -> int:
+    """A read-only fd of ``path`` inside ``root`` (a directory, or an fd of one opened
+    O_PATH) reached through no symlink at all (and never outside ``root``): ELOOP where a
+    component is one, ENOENT where it is missing."""
     return _openat2(root, path, os.O_RDONLY | os.O_NOFOLLOW,
                     _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
 

@@ -97,7 +97,7 @@ def materialize(job: Job, ranges: Ranges) -> Materialized:
 class _Placer:
     def __init__(self, stream: Reassembled, wrapped: _Stream, root: str, hard_links: bool) -> None:
         self._stream, self._wrapped = stream, wrapped
-        self._root, self._hard_links = root, hard_links
+        self._root, self._hard_links = root.rstrip("/"), hard_links
         self.landed: list[tuple[str, str, int]] = []
         self.linked = 0
         #: Files placed when the fail point ``pull.partial`` is met (half the layer's).
@@ -108,7 +108,7 @@ class _Placer:
         if cur is None or cur[0].size != info.size or src.tell() != self._wrapped.position:
             return False  # not where the tar-split said a file's data starts: write it
         f, local = cur
-        self.landed.append((f.digest, os.path.relpath(path, self._root), f.size))
+        self.landed.append((f.digest, path[len(self._root) + 1:], f.size))
         if len(self.landed) == self.halfway:
             failpoint("pull.partial")  # half the files in the scratch snapshot, some shared
         if local is None or not self._hard_links:

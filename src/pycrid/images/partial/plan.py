@@ -23,6 +23,25 @@ from pycrid.images.partial.ranges import Range, coalesce
 CommittedDir = Callable[[str], str | None]
 
 
+class Dirs:
+    """Open layer directories (O_PATH), so files are opened under them with one syscall."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def open(self, root: str, path: str) -> int:
+        """``path`` under ``root``, read-only, through no symlink (open_no_symlinks)."""
+        fd = self._fds.get(root)
+        if fd is None:
+            fd = self._fds[root] = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return open_no_symlinks(fd, clean(path))
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
 @dataclass(frozen=True)
 class Local:
     """A file with the wanted contents: ``path`` under the directory ``root`` of
@@ -54,36 +73,43 @@ def make_plan(lay: Layout, index: FileIndex, committed_dir: CommittedDir) -> Pla
     chosen: dict[str, Local | None] = {}
     plan = Plan()
     missing: list[Range] = []
-    for i, f in files:
-        if f.digest not in chosen:
-            chosen[f.digest] = _usable(f, found.get(f.digest, []), index, committed_dir, dirs)
-        src = chosen[f.digest]
-        if src is None:
-            missing.append((f.start, f.end))
-        else:
-            plan.local[i] = src
-            plan.reused += f.size
+    opened = Dirs()
+    try:
+        for i, f in files:
+            if f.digest not in chosen:
+                chosen[f.digest] = _usable(f, found.get(f.digest, []), index, committed_dir,
+                                           (dirs, opened))
+            src = chosen[f.digest]
+            if src is None:
+                missing.append((f.start, f.end))
+            else:
+                plan.local[i] = src
+                plan.reused += f.size
+    finally:
+        opened.close()
     plan.ranges = coalesce(missing)
     return plan
 
 
 def _usable(f: FileData, candidates: list[Found], index: FileIndex,
-            committed_dir: CommittedDir, dirs: dict[str, str | None]) -> Local | None:
+            committed_dir: CommittedDir,
+            cache: tuple[dict[str, str | None], Dirs]) -> Local | None:
+    dirs, opened = cache
     for c in candidates:
         if c.layer not in dirs:
             dirs[c.layer] = committed_dir(c.layer)
         root = dirs[c.layer]
         if root is None:
             continue  # a snapshot being removed: the next collection drops its rows
-        if c.size == f.size and _opens(root, c.path, f.size):
+        if c.size == f.size and _opens(opened, root, c.path, f.size):
             return Local(c.layer, root, c.path)
         index.forget(c.layer, c.path)
     return None
 
 
-def _opens(root: str, path: str, size: int) -> bool:
+def _opens(opened: Dirs, root: str, path: str, size: int) -> bool:
     try:
-        fd = open_no_symlinks(root, clean(path))
+        fd = opened.open(root, path)
     except OSError:
         return False
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +108,7 @@ class PartialPuller:
             return None  # nothing here to reuse: the ordinary pull, indexed afterwards
         fetcher = Fetcher(self.client, job.ref, layer, job.creds,
                           float(self.config.image_pull_progress_timeout))
+        started = time.monotonic()
         try:
             lay, plan = await self._prepare(fetcher, pos)
         except (Unusable, NoRanges, DataLoss) as e:
@@ -117,7 +119,7 @@ class PartialPuller:
         if plan.fetch_bytes > WORTH * layer.size:
             return self._declined(job, f"only {plan.reused} of {lay.tar_size} bytes are "
                                        "here already")
-        return await self._apply(job, scratch, fetcher, lay, plan)
+        return await self._apply(job, scratch, fetcher, lay, plan, started)
 
     async def _prepare(self, fetcher: Fetcher,
                        pos: chunked_toc.Position) -> tuple[Layout, Plan]:
@@ -132,7 +134,8 @@ class PartialPuller:
         return await self._thread(parse)
 
     async def _apply(self, job: LayerJob, scratch: Scratch, fetcher: Fetcher, lay: Layout,
-                     plan: Plan) -> tuple[str, Extracted] | None:
+                     plan: Plan, started: float) -> tuple[str, Extracted] | None:
+        planned = time.monotonic()
         root = await scratch.new()
         work = Job(lay, plan, root, job.layer.digest, has_lower=job.has_lower,
                    allow_device_nodes=self.config.allow_device_nodes,
@@ -159,11 +162,13 @@ class PartialPuller:
         report.skipped += skipped
         report.partial_layers += 1
         report.linked_files += got.linked
+        done = time.monotonic()
         log.info("image %s: layer %s pulled partially: %d of %d files fetched (%d bytes in "
-                 "%d requests), %d bytes of files reused (%d hard links), %d bytes skipped",
-                 job.ref, job.layer.digest, len(lay.files()) - len(plan.local),
-                 len(lay.files()), fetcher.received, fetcher.requests, got.reused,
-                 got.linked, skipped)
+                 "%d requests), %d bytes of files reused (%d hard links), %d bytes skipped; "
+                 "%.0f ms (TOC and plan %.0f ms)", job.ref, job.layer.digest,
+                 len(lay.files()) - len(plan.local), len(lay.files()), fetcher.received,
+                 fetcher.requests, got.reused, got.linked, skipped,
+                 (done - started) * 1000, (planned - started) * 1000)
         return root, got.extracted
 
     async def _run(self, work: Job, fetcher: Fetcher) -> Materialized:

@@ -19,9 +19,8 @@ from typing import IO, Any, cast
 import zstandard
 
 from pycrid.errors import DataLoss
-from pycrid.host.mounts import open_no_symlinks
-from pycrid.images.partial.layout import FileData, Layout, clean
-from pycrid.images.partial.plan import Local, Plan
+from pycrid.images.partial.layout import FileData, Layout
+from pycrid.images.partial.plan import Dirs, Local, Plan
 from pycrid.images.partial.ranges import Range
 
 CHUNK = 1 << 20
@@ -109,12 +108,17 @@ class Reassembled:
         self._src: Any = None  # the current file's reader
         self._fd = -1  # the current local file
         self._hash = hashlib.sha256()
+        self._dirs = Dirs()
         #: Uncompressed bytes read from files of this node.
         self.reused = 0
         #: The file of this node that was not what the index said, if one was met.
         self.mismatch: Local | None = None
 
     def close(self) -> None:
+        self._close_file()
+        self._dirs.close()
+
+    def _close_file(self) -> None:
         if self._src is not None:
             self._src.close()
             self._src = None
@@ -165,7 +169,7 @@ class Reassembled:
                 read_across_frames=True)
             return
         try:
-            self._fd = open_no_symlinks(src.root, clean(src.path))
+            self._fd = self._dirs.open(src.root, src.path)
         except OSError as e:
             raise self._bad(src, f"cannot be opened ({e.strerror})") from None
         st = os.fstat(self._fd)
@@ -197,7 +201,7 @@ class Reassembled:
             extra = self._src.read(1)
         except zstandard.ZstdError as e:
             raise DataLoss(f"{p.name}: its fetched data does not decompress: {e}") from None
-        self.close()
+        self._close_file()
         got = "sha256:" + self._hash.hexdigest()
         if extra or got != p.digest:
             why = "holds more than its size" if extra else f"hashes to {got}, not {p.digest}"
