@@ -81,6 +81,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--compare-endpoint", metavar="unix:///PATH",
                     help="partial: also time the pulls of the CRI runtime at this socket "
                          "(containerd, say) in the same rounds")
+    ap.add_argument("--partial-link-mbit", type=float, default=0,
+                    help="partial: pull through a link of this many Mbit/s (a throttling "
+                         "proxy in front of the registry; default 0: loopback, unlimited)")
     ap.add_argument("--compare-registry-config-dir", metavar="DIR",
                     help="partial: the compared runtime's registry config_path (hosts.toml "
                          "directories): the run's registry is written there as plain http, "
@@ -183,7 +186,8 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
         "partial": lambda: partial.run(target, args.partial_mb, args.partial_layers,
                                        args.partial_files, args.partial_rounds,
                                        args.compare_endpoint,
-                                       args.compare_registry_config_dir)})
+                                       args.compare_registry_config_dir,
+                                       args.partial_link_mbit)})
 
 
 @interruptible

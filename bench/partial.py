@@ -34,6 +34,7 @@ from tests.support.pods import daemon_config
 
 from bench.common import Target
 from bench.report import Section
+from bench.throttle import Throttle
 from pycrid.bench.partial import Pulls, add_figures, cold, upgrade
 
 REPO = "bench/partial"
@@ -49,11 +50,9 @@ def registry_counter(log: Path) -> Callable[[], int]:
     return sent
 
 
-def images(target: Target, mb: int, n_layers: int, files: int) -> dict[str, str]:
+def images(target: Target, mb: int, n_layers: int, files: int,
+           skopeo: Path) -> dict[str, str]:
     """Build and push the images; their references by name."""
-    skopeo = interop.binary("skopeo")
-    if skopeo is None:
-        raise RuntimeError("needs skopeo (../shared/interop/bin/skopeo)")
     size = mb * MIB // (n_layers * files)
     print(f"building v1 and v2: {mb} MiB in {n_layers} layers of {files} files, "
           "zstd:chunked by skopeo, and v2 with plain zstd ...", file=sys.stderr)
@@ -70,16 +69,43 @@ def images(target: Target, mb: int, n_layers: int, files: int) -> dict[str, str]
 
 
 def run(target: Target, mb: int, n_layers: int, files: int, rounds: int,
-        compare: str | None, compare_hosts: str | None = None) -> Section:
+        compare: str | None, compare_hosts: str | None = None,
+        link_mbit: float = 0) -> Section:
+    skopeo = interop.binary("skopeo")
+    if skopeo is None:
+        return Section("partial", skipped="needs skopeo (../shared/interop/bin/skopeo), "
+                                          "the zstd:chunked producer")
+    refs = images(target, mb, n_layers, files, skopeo)
+    if not link_mbit:
+        return _measure(target, refs, rounds, compare, compare_hosts, (mb, n_layers, files))
+    with Throttle(target.registry.port, link_mbit).running() as link:
+        # The same registry behind a link of link_mbit Mbit/s (hosts.toml: plain http).
+        host = f"127.0.0.1:{link.port}"
+        refs = {k: v.replace(target.registry.host, host, 1) for k, v in refs.items()}
+        sec = _measure(target, refs, rounds, compare, compare_hosts, (mb, n_layers, files),
+                       host)
+    sec.notes.append(f"every pull went through a link of {link_mbit:g} Mbit/s (a proxy "
+                     "that caps the registry's answers; requests are not slowed)")
+    sec.extra["link_mbit"] = link_mbit
+    return sec
+
+
+def _measure(target: Target, refs: dict[str, str], rounds: int, compare: str | None,
+             compare_hosts: str | None, shape: tuple[int, int, int],
+             host: str = "") -> Section:
     sec = Section("partial")
-    refs = images(target, mb, n_layers, files)
+    mb, n_layers, files = shape
+    host = host or target.registry.host
     counter = registry_counter(target.registry.log_path)
     runs: dict[str, tuple[Pulls, Pulls]] = {"": (Pulls(), Pulls())}
     plain = Pulls()
     other = CRIClient(compare.removeprefix("unix://")) if compare else None
-    hosts = Path(compare_hosts, target.registry.host) if compare_hosts and other else None
-    if hosts is not None:
-        target.registry.hosts_dir(str(hosts.parent))  # plain http, no HTTPS try first
+    hosts = Path(compare_hosts, host) if compare_hosts and other else None
+    if hosts is not None:  # plain http, no HTTPS try first
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "hosts.toml").write_text(
+            f'server = "http://{host}"\n\n[host."http://{host}"]\n'
+            '  capabilities = ["pull", "resolve"]\n')
     name = "compared runtime"
     if other is not None:
         name = other.runtime.Version(pb.VersionRequest(), timeout=30).runtime_name
@@ -126,11 +152,13 @@ def run(target: Target, mb: int, n_layers: int, files: int, rounds: int,
                    floor=f"{name}: PullImage v2")
         sec.figure(f"{name}: bytes fetched v2 after v1", [b / 1024 for b in theirs[0].fetched],
                    unit="KiB", floor="bytes of v2 (a whole pull)")
-        sec.figure(f"{name}: disk of v1+v2", [b / 1024 for b in theirs[0].disk], unit="KiB")
+        # (Not its disk: containerd's ImageFsInfo is a figure its background loop
+        # refreshes every few seconds, so a difference right after the pulls says nothing.)
     if linked.ms:
         sec.figure("PullImage v2 after v1, use_hard_links", linked.ms,
                    floor="PullImage v2, nothing to reuse")
-        sec.figure("disk of old+new v2, use_hard_links", [b / 1024 for b in linked.disk],
+        sec.figure("disk of the old version and v2, use_hard_links",
+                   [b / 1024 for b in linked.disk],
                    unit="KiB")
     sec.notes.append(
         f"v1 and v2 are {mb} MiB uncompressed in {n_layers} layers of {files} files (a "

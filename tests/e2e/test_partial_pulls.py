@@ -10,6 +10,8 @@ import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,3 +244,30 @@ def test_kubelet_runs_a_static_pod_of_an_image_pulled_partially(
             got = Pods(d.client).exec(cid, ["cat", "/app0/VERSION", "/app1/VERSION"])
             assert got.stdout == b"2\n2\n"
         assert partial_layers(d.log(), apps.ref("v2")) == 2
+
+
+def test_pycrid_bench_partial_section(apps: Apps, tmp_path: Path) -> None:
+    """``pycrid bench --sections partial --partial-images v1,v2`` against a pycrid it did
+    not start: both pulls timed, the disk read, both images removed again."""
+    base = tmp_path / "rt"
+    out = tmp_path / "out.json"
+    with running_daemon(str(base), config(apps, base, hard_links=False)) as d:
+        busybox = apps.images.busybox.ref(apps.registry)
+        r = subprocess.run(
+            [str(Path(sys.executable).parent / "pycrid"), "bench", "--endpoint",
+             f"unix://{d.address}", "--image", busybox, "--sections", "partial",
+             "--partial-images", f"{apps.ref('v1')},{apps.ref('v2')}",
+             "--partial-rounds", "1", "--json", str(out)],
+            env={**os.environ, "TMPDIR": str(tmp_path)}, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
+        result = json.loads(out.read_text())
+        assert result["ok"] and result["leftovers"] == []
+        sec = result["sections"]["partial"]
+        assert sec["skipped"] is None
+        fig = sec["figures"]["PullImage NEW after the old version"]
+        assert fig["floor"] == "PullImage NEW, nothing to reuse" and fig["ratio"] > 0
+        assert sec["figures"]["disk of the old version and NEW"]["median"] > 0
+        assert partial_layers(d.log(), apps.ref("v2")) == 2  # the runtime pulled partially
+        listed = {t for i in d.client.list() for t in i.repo_tags}
+        assert apps.ref("v1") not in listed and apps.ref("v2") not in listed

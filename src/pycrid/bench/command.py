@@ -46,7 +46,7 @@ sections and their floors:
              node): PullImage of NEW right after OLD, beside PullImage of NEW on a node
              without OLD (the floor), and the disk both take (ImageFsInfo); a runtime with
              partial pulls (pycrid, zstd:chunked images) fetches only what changed. Each
-             of --partial-rounds pulls and removes both. Skipped without the option.
+             of --partial-rounds pulls and removes both. Only with that option.
 """
 
 

@@ -98,7 +98,8 @@ def add_figures(sec: Section, label: str, upgraded: Pulls, whole: Pulls) -> None
                    [b / 1024 for b in upgraded.fetched], unit="KiB",
                    floor=f"bytes fetched {label}, nothing to reuse")
     if upgraded.disk:
-        sec.figure(f"disk of old+new {label}", [b / 1024 for b in upgraded.disk], unit="KiB")
+        sec.figure(f"disk of the old version and {label}", [b / 1024 for b in upgraded.disk],
+                   unit="KiB")
 
 
 def run(target: Any, old: str, new: str, rounds: int) -> Section:
@@ -119,7 +120,7 @@ def run(target: Any, old: str, new: str, rounds: int) -> Section:
             step()
         print(f"\rpartial {i + 1}/{rounds}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    add_figures(sec, "new", upgraded, whole)
+    add_figures(sec, "NEW", upgraded, whole)
     sec.notes.append(f"old {old}, new {new}; each round pulls old (untimed) then new, and "
                      "new on a node without old; disk is ImageFsInfo's growth with both")
     sec.extra.update({"old": old, "new": new, "rounds": rounds})
