@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import tarfile
 from collections.abc import AsyncIterator, Iterator
@@ -32,7 +33,8 @@ from pycrid.store.db import Database
 from pycrid.store.image_records import ImageRecord, ImageStore
 from tests.support import interop
 from tests.support.chunked import app_layers, skopeo_chunked
-from tests.support.images import build_image
+from tests.support.estargz import app_entries, estargz_image
+from tests.support.images import build_image, push
 from tests.support.rangeproxy import RangeProxy, Tamper
 from tests.support.registry import LocalRegistry
 
@@ -69,6 +71,15 @@ def proxy(versions: Versions, mode: str = "pass",
           tamper: Tamper | None = None) -> Iterator[RangeProxy]:
     with RangeProxy(versions.registry, mode, tamper).running() as p:
         yield p
+
+
+@pytest.fixture(scope="module")
+def esgz(versions: Versions) -> Versions:
+    """esgz:v1 and esgz:v2 in the same registry: the same files, as eStargz layers
+    (written by tests/support/estargz.py, checked against the Go producer)."""
+    for v in (1, 2):
+        push(versions.registry, "esgz", f"v{v}", estargz_image(app_entries(v)))
+    return versions
 
 
 class Node:
@@ -292,3 +303,55 @@ async def test_tampered_everything_fails_and_leaves_nothing(tmp_path: Path,
             assert {i.key for i in n.svc.snapshotter.walk()} == before
             assert n.svc.store.list() == [n.svc.store.get(v1.id)]
             assert n.svc.content.digests() == v1.content()
+
+
+async def test_estargz_v2_after_v1(tmp_path: Path, esgz: Versions) -> None:
+    with proxy(esgz) as p:
+        async with node(tmp_path / "a", use_hard_links=True) as n:
+            _, cold = await n.pull(f"{p.host}/esgz:v1")
+            assert cold.partial_layers == 0
+            p.seen.clear()
+            v2, warm = await n.pull(f"{p.host}/esgz:v2")
+            assert warm.partial_layers == 3 and warm.linked_files > 100
+            # The unchanged files, and each layer's landmark (one byte).
+            assert warm.reused == unchanged_bytes(esgz) + 3
+            assert warm.fetched < warm.skipped
+            # Per layer: the end of the blob (footer and TOC), maybe the rest of the TOC,
+            # the probe, and the files.
+            ranged = [s for s in p.seen if s.range]
+            assert 9 <= len(ranged) <= 12 and all(s.status == 206 for s in ranged)
+            with n.rootfs(v2) as root:
+                partial_tree = tree(root)
+                assert (root / "app0/VERSION").read_text() == "2\n"
+        async with node(tmp_path / "b", enable_partial_images=False) as whole:
+            v2w, _ = await whole.pull(f"{p.host}/esgz:v2")
+            with whole.rootfs(v2w) as root:
+                assert tree(root) == partial_tree
+
+
+async def test_estargz_tampered_members_fall_back(tmp_path: Path, esgz: Versions,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    class AfterMetadata:
+        """Corrupt what comes after a blob's metadata and probe: its first two ranges (the
+        TOCs of these layers fit in the first)."""
+
+        def __init__(self) -> None:
+            self.seen: dict[str, int] = {}
+
+        def __call__(self, path: str, rng: str, body: bytes) -> bytes:
+            n = self.seen[path] = self.seen.get(path, 0) + 1
+            return flip_everything(path, rng, body) if n > 2 else body
+
+    caplog.set_level(logging.INFO, logger="pycrid.images.partial")
+    with proxy(esgz) as p:
+        async with node(tmp_path, use_hard_links=True) as n:
+            await n.pull(f"{p.host}/esgz:v1")
+            p.tamper = AfterMetadata()
+            v2, report = await n.pull(f"{p.host}/esgz:v2")
+            assert report.partial_layers == 0 and n.svc.store.get(v2.id) is not None
+            whole = [r.getMessage() for r in caplog.records if "is pulled whole" in
+                     r.getMessage()]
+            # Refused for what the corrupted ranges held, never for the metadata.
+            assert whole and not any("TOC" in m for m in whole), whole
+            with n.rootfs(v2) as root:
+                assert (root / "app1/VERSION").read_text() == "2\n"

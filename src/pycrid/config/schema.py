@@ -142,10 +142,10 @@ class ImagesConfig:
         "image chowned to their ids instead of refusing them (containerd's overlayfs\n"
         "snapshotter key: the copy costs the image's size per set of mappings).")
     enable_partial_images: bool = cfg(
-        True, "Partial pulls (CRI-O's key): a zstd:chunked layer is rebuilt from the files\n"
-        "this node already has plus the missing files fetched with range requests, and\n"
-        "verified against its diff id like any layer; false: every layer is downloaded\n"
-        "whole.")
+        True, "Partial pulls (CRI-O's key): a zstd:chunked or eStargz layer is rebuilt from\n"
+        "the files this node already has plus the missing files fetched with range\n"
+        "requests, and verified against its diff id like any layer; false: every layer is\n"
+        "downloaded whole.")
     use_hard_links: bool = cfg(
         False, "A file a partial pull takes from a layer already here, with the same owner,\n"
         "mode, mtime and xattrs, becomes a hard link to it instead of a copy (containers/\n"

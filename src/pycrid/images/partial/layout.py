@@ -10,7 +10,7 @@ cannot be pulled partially (it is then pulled whole).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: A sha256 digest as the TOCs write it.
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -27,13 +27,17 @@ class Unusable(Exception):
 @dataclass(frozen=True)
 class FileData:
     """A regular file's contents in the layer: ``size`` bytes hashing to ``digest``,
-    compressed at ``start:end`` of the blob."""
+    compressed (``codec``: zstd or gzip) at ``start:end`` of the blob. For eStargz that
+    span goes on past the contents with ``tail``, the tar's bytes up to the next file's
+    contents (which the layout then gives as a piece of its own)."""
 
     name: str
     size: int
     digest: str
     start: int
     end: int
+    codec: str = "zstd"
+    tail: bytes = field(default=b"", repr=False)
 
 
 #: The uncompressed tar, in order.

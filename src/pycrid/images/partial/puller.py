@@ -33,9 +33,9 @@ from pycrid.images import pull_report
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
-from pycrid.images.partial import chunked_toc, tarsplit
+from pycrid.images.partial import formats
 from pycrid.images.partial.file_index import FileIndex
-from pycrid.images.partial.layout import Layout, Unusable, clean
+from pycrid.images.partial.layout import FileData, Layout, Unusable, clean
 from pycrid.images.partial.materialize import Job, Materialized, materialize
 from pycrid.images.partial.plan import Plan, make_plan
 from pycrid.images.partial.range_fetch import Fetcher, NoRanges
@@ -85,7 +85,7 @@ class PartialPuller:
         self._executor = ThreadPoolExecutor(max_workers=config.max_concurrent_downloads,
                                             thread_name_prefix="partial")
         #: What to index once a layer is committed, by chain id.
-        self._pending: OrderedDict[str, Rows | chunked_toc.Position] = OrderedDict()
+        self._pending: OrderedDict[str, Rows | formats.Format] = OrderedDict()
         #: Pull bytes are counted here too when set (the daemon's metrics).
         self.count_bytes: Callable[[int], None] | None = None
 
@@ -96,21 +96,21 @@ class PartialPuller:
         """The layer unpacked into a new scratch snapshot (its directory), or None: take
         the ordinary path."""
         layer = job.layer
-        if layer.media_type != oci.MT_OCI_LAYER_ZSTD or not chunked_toc.is_chunked(
-                layer.annotations):
-            return None
         try:
-            pos = chunked_toc.locate(layer.annotations, layer.size)
+            fmt = formats.detect(layer)
         except Unusable as e:
             return self._declined(job, e)
-        self._remember(job.chain_id, pos)
+        if fmt is None:
+            return None
+        self._remember(job.chain_id, fmt)
         if await self._thread(self.index.is_empty):
             return None  # nothing here to reuse: the ordinary pull, indexed afterwards
         fetcher = Fetcher(self.client, job.ref, layer, job.creds,
                           float(self.config.image_pull_progress_timeout))
         started = time.monotonic()
         try:
-            lay, plan = await self._prepare(fetcher, pos)
+            lay = await fmt.layout(fetcher, self._thread)
+            plan = await self._thread(make_plan, lay, self.index, self._committed_dir)
         except (Unusable, NoRanges, DataLoss) as e:
             return self._declined(job, e)
         finally:
@@ -120,18 +120,6 @@ class PartialPuller:
             return self._declined(job, f"only {plan.reused} of {lay.tar_size} bytes are "
                                        "here already")
         return await self._apply(job, scratch, fetcher, lay, plan, started)
-
-    async def _prepare(self, fetcher: Fetcher,
-                       pos: chunked_toc.Position) -> tuple[Layout, Plan]:
-        meta = await fetcher.fetch_span(pos.metadata_range())
-
-        def parse() -> tuple[Layout, Plan]:
-            toc_json, split_z = chunked_toc.open_metadata(pos, meta)
-            toc = chunked_toc.parse_toc(toc_json, pos)
-            lay = tarsplit.layout(chunked_toc.inflate_tarsplit(pos, toc, split_z), toc)
-            return lay, make_plan(lay, self.index, self._committed_dir)
-
-        return await self._thread(parse)
 
     async def _apply(self, job: LayerJob, scratch: Scratch, fetcher: Fetcher, lay: Layout,
                      plan: Plan, started: float) -> tuple[str, Extracted] | None:
@@ -163,9 +151,9 @@ class PartialPuller:
         report.partial_layers += 1
         report.linked_files += got.linked
         done = time.monotonic()
-        log.info("image %s: layer %s pulled partially: %d of %d files fetched (%d bytes in "
+        log.info("image %s: %s layer %s pulled partially: %d of %d files fetched (%d bytes in "
                  "%d requests), %d bytes of files reused (%d hard links), %d bytes skipped; "
-                 "%.0f ms (TOC and plan %.0f ms)", job.ref, job.layer.digest,
+                 "%.0f ms (TOC and plan %.0f ms)", job.ref, fmt_name(lay), job.layer.digest,
                  len(lay.files()) - len(plan.local), len(lay.files()), fetcher.received,
                  fetcher.requests, got.reused, got.linked, skipped,
                  (done - started) * 1000, (planned - started) * 1000)
@@ -215,7 +203,7 @@ class PartialPuller:
         except NotFound:
             return None
 
-    def _remember(self, chain_id: str, what: Rows | chunked_toc.Position) -> None:
+    def _remember(self, chain_id: str, what: Rows | formats.Format) -> None:
         self._pending[chain_id] = what
         self._pending.move_to_end(chain_id)
         while len(self._pending) > _KEEP:
@@ -228,20 +216,11 @@ class PartialPuller:
             return
         try:
             rows = what if isinstance(what, list) else \
-                await self._thread(self._rows_from_blob, what, layer)
+                await self._thread(what.rows, self.content.path(layer.digest))
             await self._thread(self.index.add, chain_id, rows)
         except (Unusable, OSError) as e:
             log.info("layer %s: its files are not indexed for partial pulls: %s",
                      layer.digest, e)
-
-    def _rows_from_blob(self, pos: chunked_toc.Position, layer: oci.Descriptor) -> Rows:
-        """The TOC's files of a zstd:chunked layer downloaded whole (read from its blob)."""
-        start, end = pos.metadata_range()
-        with open(self.content.path(layer.digest), "rb") as f:
-            f.seek(start)
-            meta = f.read(end - start)
-        toc = chunked_toc.parse_toc(chunked_toc.open_metadata(pos, meta)[0], pos)
-        return [(f.digest, clean(f.name), f.size) for f in toc.files.values()]
 
     def prune(self, committed: set[str]) -> None:
         """Snapshots not in ``committed`` are gone: forget their files."""
@@ -264,3 +243,8 @@ class PartialPuller:
         log.info("image %s: layer %s is pulled whole: %s", job.ref, job.layer.digest, why)
         return None
 
+
+
+def fmt_name(lay: Layout) -> str:
+    first = next((p for p in lay.pieces if isinstance(p, FileData)), None)
+    return "eStargz" if first is not None and first.codec == "gzip" else "zstd:chunked"

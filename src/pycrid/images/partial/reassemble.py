@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 
 import zstandard
+from isal import igzip
 
 from pycrid.errors import DataLoss
+from pycrid.images.layer_tar import CODEC_ERRORS
 from pycrid.images.partial.layout import FileData, Layout
 from pycrid.images.partial.plan import Dirs, Local, Plan
 from pycrid.images.partial.ranges import Range
@@ -33,6 +35,18 @@ class LocalMismatch(DataLoss):
     def __init__(self, src: Local, why: str) -> None:
         super().__init__(f"{src.path} of layer {src.layer}: {why}")
         self.source = src
+
+
+def _read_upto(f: Any, n: int) -> bytes:
+    """Up to ``n`` bytes (fewer only at the end)."""
+    parts, got = [], 0
+    while got < n:
+        chunk = f.read(n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 class Ranges:
@@ -93,6 +107,12 @@ class _Span:
         out = self._ranges.read(min(self._left, CHUNK if n < 0 else n))
         self._left -= len(out)
         return out
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[:len(data)] = data
+        return len(data)
 
 
 class Reassembled:
@@ -164,9 +184,12 @@ class Reassembled:
         self._hash = hashlib.sha256()
         src = self._local.get(self._i)
         if src is None:
-            self._src = zstandard.ZstdDecompressor().stream_reader(
-                cast(IO[bytes], _Span(self._ranges, p.start, p.end)), read_size=CHUNK,
-                read_across_frames=True)
+            span = cast(IO[bytes], _Span(self._ranges, p.start, p.end))
+            if p.codec == "gzip":
+                self._src = igzip.GzipFile(fileobj=span, mode="rb")  # type: ignore[no-untyped-call]
+            else:
+                self._src = zstandard.ZstdDecompressor().stream_reader(
+                    span, read_size=CHUNK, read_across_frames=True)
             return
         try:
             self._fd = self._dirs.open(src.root, src.path)
@@ -183,7 +206,7 @@ class Reassembled:
         src = self._local.get(self._i)
         try:
             data: bytes = self._src.read(min(n, p.size - self._off, CHUNK))
-        except zstandard.ZstdError as e:
+        except CODEC_ERRORS as e:
             raise DataLoss(f"{p.name}: its fetched data does not decompress: {e}") from None
         if not data:
             why = f"ends after {self._off} of its {p.size} bytes"
@@ -197,15 +220,25 @@ class Reassembled:
         return data
 
     def _finish(self, p: FileData, src: Local | None) -> None:
+        # What follows the contents in their span: nothing for a local file or
+        # zstd:chunked; for eStargz the tar's headers up to the next file, which must be
+        # the ones the layout wrote again from the TOC.
+        want = b"" if src is not None else p.tail
         try:
-            extra = self._src.read(1)
-        except zstandard.ZstdError as e:
+            rest = _read_upto(self._src, len(want) + 1)
+        except CODEC_ERRORS as e:
             raise DataLoss(f"{p.name}: its fetched data does not decompress: {e}") from None
         self._close_file()
         got = "sha256:" + self._hash.hexdigest()
-        if extra or got != p.digest:
-            why = "holds more than its size" if extra else f"hashes to {got}, not {p.digest}"
+        if got != p.digest:
+            why = f"hashes to {got}, not {p.digest}"
             raise self._bad(src, why) if src else DataLoss(f"{p.name}: fetched data {why}")
+        if rest != want:
+            if src is not None:
+                raise self._bad(src, "holds more than its size")
+            raise DataLoss(f"{p.name}: the tar headers after it are not the ones its TOC "
+                           "implies" if p.tail else f"{p.name}: fetched data holds more "
+                           "than its size")
 
     def _bad(self, src: Local, why: str) -> LocalMismatch:
         self.mismatch = src
