@@ -107,7 +107,7 @@ def fs_used(d: Daemon) -> int:
 
 
 def partial_layers(log: str, image: str) -> int:
-    return len(re.findall(rf"image {re.escape(image)}: layer \S+ pulled partially", log))
+    return len(re.findall(rf"image {re.escape(image)}: \S+ layer \S+ pulled partially", log))
 
 
 def test_two_pods_see_their_own_files_after_a_write_to_a_shared_file(
