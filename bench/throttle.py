@@ -56,7 +56,8 @@ class Throttle:
         except OSError:
             cw.close()
             return
-        await asyncio.gather(self._pump(cr, uw, False), self._pump(ur, cw, True))
+        await asyncio.gather(self._pump(cr, uw, False), self._pump(ur, cw, True),
+                             return_exceptions=True)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Throttle]:
@@ -80,9 +81,10 @@ class Throttle:
         finally:
             async def stop() -> None:
                 server[0].close()
-                for task in asyncio.all_tasks():
-                    if task is not asyncio.current_task():
-                        task.cancel()
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
             asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
             loop.call_soon_threadsafe(loop.stop)
