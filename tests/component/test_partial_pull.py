@@ -355,3 +355,22 @@ async def test_estargz_tampered_members_fall_back(tmp_path: Path, esgz: Versions
             assert whole and not any("TOC" in m for m in whole), whole
             with n.rootfs(v2) as root:
                 assert (root / "app1/VERSION").read_text() == "2\n"
+
+
+async def test_a_layer_unpacked_from_its_blob_is_indexed_too(tmp_path: Path,
+                                                             versions: Versions) -> None:
+    """A layer with a TOC committed from a blob already here (no partial pull asked
+    first) still has its files recorded."""
+    from pycrid.images.mediatypes import Descriptor
+
+    with proxy(versions) as p:
+        async with node(tmp_path) as n:
+            v1, _ = await n.pull(f"{p.host}/app:v1")
+            assert n.svc.partial is not None
+            index = n.svc.partial.index
+            assert index.layers() == set(v1.chain)
+            index.retain(set())
+            manifest = json.loads(n.svc.content.read(v1.manifest))
+            for chain_id, d in zip(v1.chain, manifest["layers"], strict=True):
+                await n.svc.partial.committed(chain_id, Descriptor.from_json(d))
+            assert index.layers() == set(v1.chain)

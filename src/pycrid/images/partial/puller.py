@@ -210,11 +210,14 @@ class PartialPuller:
             self._pending.popitem(last=False)
 
     async def committed(self, chain_id: str, layer: oci.Descriptor) -> None:
-        """Layer ``chain_id`` is committed: record its files for later pulls."""
+        """Layer ``chain_id`` is committed: record its files for later pulls (those of a
+        layer with a TOC unpacked from its blob, too)."""
         what = self._pending.pop(chain_id, None)
-        if what is None:
-            return
         try:
+            if what is None:
+                what = formats.detect(layer)
+                if what is None or not self.content.exists(layer.digest):
+                    return
             rows = what if isinstance(what, list) else \
                 await self._thread(what.rows, self.content.path(layer.digest))
             await self._thread(self.index.add, chain_id, rows)
