@@ -288,8 +288,6 @@ class ImageFetcher:
                 await self._settled(self.snapshotter.commit, chain_id, key, parent=parent)
             except AlreadyExists:
                 await self._discard(key)  # another pull committed the same tree first
-            if self.partial is not None:
-                await self.partial.committed(chain_id, layer)
         except BaseException as e:
             if key:
                 await self._discard(key)
@@ -298,6 +296,8 @@ class ImageFetcher:
                                      "unpacked files)", self.content.root) from None
             raise
         done.set()
+        if self.partial is not None:  # after: the layers above need not wait for it
+            await self.partial.committed(chain_id, layer)
 
     async def _settled(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A short blocking call (snapshotter, metadata) in the default executor, finished

@@ -25,6 +25,9 @@ class PullReport:
     #: Layers pulled partially, and of them, files shared by hard link.
     partial_layers: int = 0
     linked_files: int = 0
+    #: Whether the node had no indexed files when the pull began (None: not asked yet):
+    #: then none of its layers tries a partial pull, not even after the first commits.
+    nothing_indexed: bool | None = None
 
 
 _CURRENT: ContextVar[PullReport | None] = ContextVar("pycrid_pull_report", default=None)

@@ -103,7 +103,10 @@ class PartialPuller:
         if fmt is None:
             return None
         self._remember(job.chain_id, fmt)
-        if await self._thread(self.index.is_empty):
+        report = pull_report.current()
+        if report.nothing_indexed is None:
+            report.nothing_indexed = await self._thread(self.index.is_empty)
+        if report.nothing_indexed:
             return None  # nothing here to reuse: the ordinary pull, indexed afterwards
         fetcher = Fetcher(self.client, job.ref, layer, job.creds,
                           float(self.config.image_pull_progress_timeout))
@@ -221,9 +224,9 @@ class PartialPuller:
             rows = what if isinstance(what, list) else \
                 await self._thread(what.rows, self.content.path(layer.digest))
             await self._thread(self.index.add, chain_id, rows)
-        except (Unusable, OSError) as e:
-            log.info("layer %s: its files are not indexed for partial pulls: %s",
-                     layer.digest, e)
+        except Exception as e:  # the layer is fine: later pulls just cannot reuse it
+            log.warning("layer %s: its files are not indexed for partial pulls: %s",
+                        layer.digest, e)
 
     def prune(self, committed: set[str]) -> None:
         """Snapshots not in ``committed`` are gone: forget their files."""
