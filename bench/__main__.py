@@ -1,11 +1,11 @@
 """The issue-10 benchmark of a CRI runtime: lifecycle, NRI, pull, memory and list latency,
-each figure beside a floor measured in the same run. The sections but pull are
-``pycrid.bench``'s (also installed as ``pycrid bench``); this adds the test registry, a
-pycrid of its own and the pull section.
+and partial pulls, each figure beside a floor measured in the same run. The sections but
+pull and partial are ``pycrid.bench``'s (also installed as ``pycrid bench``); this adds
+the test registry, a pycrid of its own and the pull and partial sections.
 
 Run from the repository root as root::
 
-    .venv/bin/python -m bench [--json PATH] [--sections lifecycle,nri,pull,rss,list]
+    .venv/bin/python -m bench [--json PATH] [--sections lifecycle,nri,pull,rss,list,partial]
                               [--endpoint unix:///run/containerd/containerd.sock]
 
 Without ``--endpoint`` a ``pycrid serve`` from this checkout is started on a temporary
@@ -31,7 +31,7 @@ from tests.support.daemon import CRIClient, nri_paths
 from tests.support.pods import leftovers
 from tests.support.registry import LocalRegistry
 
-from bench import pull
+from bench import partial, pull
 from bench.common import (
     RUNC,
     HostSnapshot,
@@ -78,7 +78,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          f"{','.join(KIND_NAMES)} (default all)")
     ap.add_argument("--pull-against", metavar="unix:///PATH", default="",
                     help="another CRI runtime (containerd) that pulls the same images in the "
-                         "same rounds; each PullImage is shown against its pull")
+                         "same rounds (pull and partial sections); each PullImage is shown "
+                         "against its pull")
+    ap.add_argument("--partial-mb", type=int, default=100,
+                    help="partial: size of v1 and v2, MiB uncompressed (default 100)")
+    ap.add_argument("--partial-layers", type=int, default=5,
+                    help="partial: their layers (default 5)")
+    ap.add_argument("--partial-files", type=int, default=1000,
+                    help="partial: files per layer (default 1000)")
+    ap.add_argument("--partial-rounds", type=int, default=3,
+                    help="partial: rounds (default 3)")
+    ap.add_argument("--partial-link-mbit", type=float, default=0,
+                    help="partial: pull through a link of this many Mbit/s (a throttling "
+                         "proxy in front of the registry; default 0: loopback, unlimited)")
     ap.add_argument("--rss-pods", type=int, default=100,
                     help="running pods for the rss and list sections (default 100)")
     ap.add_argument("--list-sizes", type=int_list, default=[100, 500, 1000],
@@ -102,8 +114,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="NRI phase-order seed (default 0)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on exit")
     args = ap.parse_args(argv)
-    if min(args.iterations, args.pull_rounds, args.list_calls) < 1:
-        ap.error("--iterations, --pull-rounds and --list-calls must be at least 1")
+    if min(args.iterations, args.pull_rounds, args.list_calls, args.partial_rounds,
+           args.partial_layers, args.partial_files) < 1:
+        ap.error("--iterations, --pull-rounds, --list-calls and the --partial-* counts must "
+                 "be at least 1")
     if not 1 <= args.pull_layers <= args.pull_mb:
         ap.error("need 1 <= --pull-layers <= --pull-mb (layers are whole MiB)")
     if args.rss_pods < 1:
@@ -199,8 +213,13 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
                 args.list_sizes, args.list_calls, args.runtime_handler)
     opts = pull.Options(args.pull_mb, args.pull_layers, args.pull_rounds,
                         tuple(args.pull_kinds), args.pull_against)
-    return run_sections(target, idle, plan, RUNC, errors,
-                        after={"pull": lambda: pull.run(target, opts)})
+    return run_sections(target, idle, plan, RUNC, errors, after={
+        "pull": lambda: pull.run(target, opts),
+        "partial": lambda: partial.run(target, args.partial_mb, args.partial_layers,
+                                       args.partial_files, args.partial_rounds,
+                                       args.pull_against or None,
+                                       args.registry_config_dir,
+                                       args.partial_link_mbit)})
 
 
 @interruptible

@@ -28,7 +28,9 @@ pytestmark = pytest.mark.e2e
 PROJECT = Path(__file__).resolve().parents[2]
 ITERATIONS, PULL_ROUNDS, RSS_PODS, LIST_CALLS = 2, 1, 2, 3
 LIST_SIZES = (3, 6)
-SECTIONS = ("lifecycle", "nri", "pull", "rss", "list")
+#: partial needs skopeo (../shared/interop): without it the run leaves that section out.
+SECTIONS = ("lifecycle", "nri", "pull", "rss", "list") + (
+    ("partial",) if interop.binary("skopeo") else ())
 #: The endpoint test also times gVisor's pod start where runsc is installed.
 RUNSC = shutil.which("runsc") is not None
 #: The pull section makes its zstd:chunked image with upstream skopeo, where it is.
@@ -48,7 +50,7 @@ def _check_stats(name: str, s: dict[str, Any], n: int) -> None:
 
 def _expected_n(section: str, figure: str) -> int:
     return {"lifecycle": ITERATIONS, "nri": ITERATIONS, "pull": PULL_ROUNDS, "rss": 1,
-            "list": LIST_CALLS}[section]
+            "list": LIST_CALLS, "partial": 1}[section]
 
 
 def test_bench(tmp_path: Path) -> None:
@@ -60,6 +62,8 @@ def test_bench(tmp_path: Path) -> None:
                         "--list-calls", str(LIST_CALLS), "--rss-pods", str(RSS_PODS),
                         "--pull-mb", "2", "--pull-layers", "2",
                         "--pull-rounds", str(PULL_ROUNDS), "--nri-plugins", "0,1",
+                        "--partial-mb", "2", "--partial-layers", "2", "--partial-files", "20",
+                        "--partial-rounds", "1", "--sections", ",".join(SECTIONS),
                         "--json", str(out)],
                        cwd=PROJECT, env={**os.environ, "TMPDIR": str(tmp_path)},
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240,
@@ -136,6 +140,14 @@ def test_bench(tmp_path: Path) -> None:
     # shared PID namespace) have no pause.
     assert rss["monitor processes"]["median"] == RSS_PODS
     assert rss[f"daemon RSS, {RSS_PODS} pods"]["ratio"] > 0
+
+    if "partial" in SECTIONS:
+        part = result["sections"]["partial"]
+        # v2 after v1 fetched a part of v2; the hard-linked pair takes less disk.
+        fetched = part["figures"]["bytes fetched v2 after v1 (vs a whole v2)"]
+        assert fetched["floor"] == "bytes of v2 (a whole pull)" and fetched["ratio"] < 1
+        assert part["figures"]["disk of the old version and v2, use_hard_links"]["median"] < \
+            part["figures"]["disk of the old version and v2"]["median"]
 
     lst = result["sections"]["list"]
     assert set(lst["figures"]) == {f"ListContainers ({n} containers)" for n in LIST_SIZES} | {

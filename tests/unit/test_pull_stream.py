@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import pytest
 
-from pycrid.config.schema import ImagesConfig
+from pycrid.config.images_schema import ImagesConfig
 from pycrid.errors import DataLoss, InvalidArgument, PermissionDenied
 from pycrid.host import mounts as mnt
 from pycrid.images.content import ContentStore

@@ -18,7 +18,7 @@ import posixpath
 import stat
 import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, cast
 
@@ -90,6 +90,12 @@ def _set_xattrs(path: str | int, info: tarfile.TarInfo) -> None:
                 log.warning("layer entry %s: cannot set xattr %s: %s", info.name, name, e)
 
 
+#: Puts a regular file at its (resolved, free) path itself, taking its data from the
+#: stream, and says so; False lets the unpacker write it. A partial pull shares files
+#: the node has this way (images/partial/materialize.py).
+FilePlacer = Callable[[tarfile.TarInfo, str, "TarStream"], bool]
+
+
 @dataclass(frozen=True)
 class Applied:
     #: Bytes of file data written.
@@ -100,7 +106,7 @@ class Applied:
 
 def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
               allow_device_nodes: bool = False, has_lower: bool = False,
-              lowers: Sequence[str] = ()) -> Applied:
+              lowers: Sequence[str] = (), place: FilePlacer | None = None) -> Applied:
     """Apply the uncompressed tar ``tar_stream`` onto directory ``root``, the layer's own
     directory; ``has_lower``: layers lie below it (whiteouts are then kept as overlayfs
     whiteouts rather than only removing what this layer wrote); ``lowers``: their
@@ -118,7 +124,7 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
         raise DataLoss(f"layer is not a readable tar archive: {e}") from None
     try:
         for info in tf:
-            written += _apply_entry(res, tf, src, info, allow_device_nodes, dir_times)
+            written += _apply_entry(res, tf, src, info, allow_device_nodes, dir_times, place)
     except _TAR_ERRORS as e:
         raise DataLoss(f"layer archive is corrupt or truncated: {e}") from None
     for path, mtime in reversed(dir_times):
@@ -128,7 +134,8 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
 
 
 def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo,
-                 allow_device_nodes: bool, dir_times: list[tuple[str, float]]) -> int:
+                 allow_device_nodes: bool, dir_times: list[tuple[str, float]],
+                 place: FilePlacer | None) -> int:
     rel = clean_name(info.name)
     if rel == "":
         return 0  # the root itself: its metadata belongs to the runtime, not the layer
@@ -143,6 +150,10 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
     # The parent is a real path inside the root, never "/" itself.
     path = res.parent(rel_dir, create=True) + "/" + base
     if info.isreg():
+        if place is not None and not info.issparse():
+            _remove(res, path)  # the placer links or writes at a free name
+            if place(info, path, src):
+                return info.size  # its metadata is the shared file's, already the entry's
         # Most entries: made with O_EXCL (nothing there is ever followed or reused), the
         # rest through the descriptor, so no name is looked up again.
         fd = _create(res, path)

@@ -28,7 +28,7 @@ from pycrid.errors import DataLoss, InvalidArgument
 from pycrid.images import mediatypes as oci
 from pycrid.images.content import BlobReader
 from pycrid.images.layer_paths import OVERLAY_XATTRS, is_real_dir_inside, lower_entry
-from pycrid.images.layer_tar import CODEC_ERRORS, apply_tar
+from pycrid.images.layer_tar import CODEC_ERRORS, FilePlacer, apply_tar
 from pycrid.images.tar_stream import CHUNK, TarStream
 
 #: Layer types we unpack. The compression is then told by magic bytes, not by the
@@ -69,17 +69,20 @@ class Extracted:
 
 
 def extract(raw: BlobReader, root: str, *, name: str, has_lower: bool,
-            allow_device_nodes: bool, lowers: Sequence[str] = ()) -> Extracted:
+            allow_device_nodes: bool, lowers: Sequence[str] = (),
+            place: FilePlacer | None = None, verified: bool = False) -> Extracted:
     """Decompress and apply one layer blob (read as it downloads) onto its own directory
-    ``root``; runs in a worker thread. ``name`` is the blob's digest, which ``raw`` is
-    verified against (the content store does it): an uncompressed layer's diff id is that
-    digest, so its tar is not hashed a second time."""
+    ``root``; runs in a worker thread. ``name`` is the blob's digest (for messages).
+    ``verified``: ``raw`` is that blob as the content store reads it, which checks it
+    against ``name``, so an uncompressed layer's diff id is ``name`` and its tar is not
+    hashed a second time; any other reader (a partial pull's rebuilt tar) is always
+    hashed. ``place`` may put regular files in place itself (``apply_tar``)."""
     try:
         inner = _decompressed(raw)
-        plain = inner is raw
+        plain = verified and inner is raw
         reader = TarStream(inner, hashed=not plain)
         applied = apply_tar(root, reader, allow_device_nodes=allow_device_nodes,
-                            has_lower=has_lower, lowers=lowers)
+                            has_lower=has_lower, lowers=lowers, place=place)
         reader.drain()  # tar padding after the end marker counts for the diff id
     except CODEC_ERRORS as e:
         raise DataLoss(f"layer {name} is corrupt: {e}") from None
