@@ -1,11 +1,11 @@
 """The issue-10 benchmark of a CRI runtime: lifecycle, NRI, pull, memory and list latency,
-each figure beside a floor measured in the same run. The sections but pull are
-``pycrid.bench``'s (also installed as ``pycrid bench``); this adds the test registry, a
-pycrid of its own and the pull section.
+and partial pulls, each figure beside a floor measured in the same run. The sections but
+pull and partial are ``pycrid.bench``'s (also installed as ``pycrid bench``); this adds
+the test registry, a pycrid of its own and the pull and partial sections.
 
 Run from the repository root as root::
 
-    .venv/bin/python -m bench [--json PATH] [--sections lifecycle,nri,pull,rss,list]
+    .venv/bin/python -m bench [--json PATH] [--sections lifecycle,nri,pull,rss,list,partial]
                               [--endpoint unix:///run/containerd/containerd.sock]
 
 Without ``--endpoint`` a ``pycrid serve`` from this checkout is started on a temporary
@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -28,8 +29,9 @@ from typing import Any
 from cri_api.v1 import api_pb2 as pb
 from tests.support.daemon import CRIClient, nri_paths
 from tests.support.pods import leftovers
+from tests.support.registry import LocalRegistry
 
-from bench import pull
+from bench import partial, pull
 from bench.common import (
     RUNC,
     HostSnapshot,
@@ -44,6 +46,7 @@ from bench.common import (
     supervise,
     wait_gone,
 )
+from bench.pull_kinds import KIND_NAMES, kind_list
 from bench.report import SECTIONS, Section, table
 from pycrid.bench import rss
 from pycrid.bench.command import int_list, section_list
@@ -70,6 +73,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--pull-mb", type=int, default=50, help="image size, MiB (default 50)")
     ap.add_argument("--pull-layers", type=int, default=5, help="image layers (default 5)")
     ap.add_argument("--pull-rounds", type=int, default=5, help="pulls timed (default 5)")
+    ap.add_argument("--pull-kinds", type=kind_list, default=list(KIND_NAMES),
+                    help=f"layer kinds pulled, a comma-separated subset of "
+                         f"{','.join(KIND_NAMES)} (default all)")
+    ap.add_argument("--pull-against", metavar="unix:///PATH", default="",
+                    help="another CRI runtime (containerd) that pulls the same images in the "
+                         "same rounds (pull and partial sections); each PullImage is shown "
+                         "against its pull")
+    ap.add_argument("--partial-mb", type=int, default=100,
+                    help="partial: size of v1 and v2, MiB uncompressed (default 100)")
+    ap.add_argument("--partial-layers", type=int, default=5,
+                    help="partial: their layers (default 5)")
+    ap.add_argument("--partial-files", type=int, default=1000,
+                    help="partial: files per layer (default 1000)")
+    ap.add_argument("--partial-rounds", type=int, default=3,
+                    help="partial: rounds (default 3)")
+    ap.add_argument("--partial-link-mbit", type=float, default=0,
+                    help="partial: pull through a link of this many Mbit/s (a throttling "
+                         "proxy in front of the registry; default 0: loopback, unlimited)")
     ap.add_argument("--rss-pods", type=int, default=100,
                     help="running pods for the rss and list sections (default 100)")
     ap.add_argument("--list-sizes", type=int_list, default=[100, 500, 1000],
@@ -85,11 +106,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="pid of the runtime for rss (default: the socket's owner)")
     ap.add_argument("--nri-socket", metavar="PATH",
                     help="the runtime's NRI socket (with --endpoint; else nri is skipped)")
+    ap.add_argument("--registry-config-dir", metavar="DIR",
+                    help="with --endpoint or --pull-against: that runtime's registry "
+                         "config_path (containerd's hosts.toml tree); the run adds "
+                         "DIR/<registry>/hosts.toml saying plain HTTP for its registry, and "
+                         "removes it at the end")
     ap.add_argument("--seed", type=int, default=0, help="NRI phase-order seed (default 0)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs) on exit")
     args = ap.parse_args(argv)
-    if min(args.iterations, args.pull_rounds, args.list_calls) < 1:
-        ap.error("--iterations, --pull-rounds and --list-calls must be at least 1")
+    if min(args.iterations, args.pull_rounds, args.list_calls, args.partial_rounds,
+           args.partial_layers, args.partial_files) < 1:
+        ap.error("--iterations, --pull-rounds, --list-calls and the --partial-* counts must "
+                 "be at least 1")
     if not 1 <= args.pull_layers <= args.pull_mb:
         ap.error("need 1 <= --pull-layers <= --pull-mb (layers are whole MiB)")
     if args.rss_pods < 1:
@@ -98,6 +126,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         ap.error("--endpoint must be unix:///path/to/socket")
     if args.nri_socket and not args.endpoint:
         ap.error("--nri-socket goes with --endpoint (pycrid's own socket is known)")
+    if args.registry_config_dir and not (args.endpoint or args.pull_against):
+        ap.error("--registry-config-dir goes with --endpoint or --pull-against (pycrid's "
+                 "own is written)")
+    if args.pull_against and not args.pull_against.startswith("unix://"):
+        ap.error("--pull-against must be unix:///path/to/socket")
     return args
 
 
@@ -110,7 +143,9 @@ def target_env(base: Path, args: argparse.Namespace,
     """The runtime under test, its idle memory taken before any pull or pod; on exit every
     pod this run made is removed (all pods, for a pycrid of our own) and images pulled
     into an outside runtime are removed."""
-    with registry_env(base) as (reg, images):
+    with registry_env(base) as (reg, images), contextlib.ExitStack() as stack:
+        if args.registry_config_dir:
+            stack.enter_context(hosts_entry(reg, Path(args.registry_config_dir)))
         busybox = images.busybox.ref(reg)
         if args.endpoint is None:
             # info, not the e2e tests' debug: a debug line per call is not what is measured.
@@ -148,6 +183,21 @@ def target_env(base: Path, args: argparse.Namespace,
             client.close()
 
 
+@contextlib.contextmanager
+def hosts_entry(reg: LocalRegistry, config_dir: Path) -> Iterator[None]:
+    """``config_dir/<host:port>/hosts.toml`` for the run's registry, over plain HTTP: without
+    one, containerd tries HTTPS first on a loopback registry and falls back to HTTP on
+    every pull (its default for localhost), which the pull section would time."""
+    entry = config_dir / reg.host
+    if entry.exists():
+        raise SystemExit(f"{entry} exists already: not overwriting another's registry config")
+    reg.hosts_dir(config_dir)
+    try:
+        yield
+    finally:
+        shutil.rmtree(entry, ignore_errors=True)
+
+
 def runtime_info(client: CRIClient, endpoint: str, pid: int | None,
                  started: bool) -> dict[str, Any]:
     v = client.runtime.Version(pb.VersionRequest(), timeout=30)
@@ -161,8 +211,15 @@ def sections_of(target: Target, idle: rss.Idle | None, args: argparse.Namespace,
     """The installed sections, then pull on a runtime with no pod left."""
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
                 args.list_sizes, args.list_calls, args.runtime_handler)
-    return run_sections(target, idle, plan, RUNC, errors, after={"pull": lambda: pull.run(
-        target, args.pull_mb, args.pull_layers, args.pull_rounds)})
+    opts = pull.Options(args.pull_mb, args.pull_layers, args.pull_rounds,
+                        tuple(args.pull_kinds), args.pull_against)
+    return run_sections(target, idle, plan, RUNC, errors, after={
+        "pull": lambda: pull.run(target, opts),
+        "partial": lambda: partial.run(target, args.partial_mb, args.partial_layers,
+                                       args.partial_files, args.partial_rounds,
+                                       args.pull_against or None,
+                                       args.registry_config_dir,
+                                       args.partial_link_mbit)})
 
 
 @interruptible

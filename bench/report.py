@@ -1,5 +1,5 @@
 """The report (``pycrid.bench.report``) and this benchmark's sections: the installed ones
-plus pull, which needs the test registry."""
+plus pull and partial, which need the test registry."""
 
 from __future__ import annotations
 
@@ -7,4 +7,4 @@ from pycrid.bench.report import Section, table
 
 __all__ = ["SECTIONS", "Section", "table"]
 
-SECTIONS = ("lifecycle", "nri", "pull", "rss", "list")
+SECTIONS = ("lifecycle", "nri", "pull", "rss", "list", "partial")

@@ -12,14 +12,9 @@ import os
 from typing import Any
 
 from pycrid import release
+from pycrid.config.images_schema import ImagesConfig
 from pycrid.config.loader import LoadedConfig
-from pycrid.config.schema import (
-    CAdvisorConfig,
-    CRIServerConfig,
-    ImagesConfig,
-    NRIConfig,
-    RuntimeConfig,
-)
+from pycrid.config.schema import CAdvisorConfig, CRIServerConfig, NRIConfig, RuntimeConfig
 from pycrid.oci.spec import configured_driver
 from pycrid.plugin.registry import Registration, Registry, SkipPlugin
 from pycrid.plugin.startup import InitContext
@@ -114,6 +109,7 @@ async def _init_images(ctx: InitContext) -> Any:
     from pycrid.images.distribution import RegistryClient
     from pycrid.images.hosts import RegistryHosts
     from pycrid.images.image_service import ImageService
+    from pycrid.images.partial.file_index import FileIndex
     from pycrid.store.image_records import ImageStore
 
     config: ImagesConfig = ctx.config
@@ -128,6 +124,7 @@ async def _init_images(ctx: InitContext) -> Any:
         config=config,
         metrics=ctx.properties.get("metrics"),
         owner=_owner(ctx, "images"),
+        files=FileIndex(db),
     )
     service.policy = _signature_policy(config, db, client, hosts)
     return service

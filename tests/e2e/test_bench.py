@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench.pull_kinds import KIND_NAMES
 from cri_api.v1 import api_pb2 as pb
 
+from tests.support import interop
 from tests.support.daemon import nri_paths, running_daemon
 from tests.support.images import TestImages
 from tests.support.pods import daemon_config
@@ -26,9 +28,13 @@ pytestmark = pytest.mark.e2e
 PROJECT = Path(__file__).resolve().parents[2]
 ITERATIONS, PULL_ROUNDS, RSS_PODS, LIST_CALLS = 2, 1, 2, 3
 LIST_SIZES = (3, 6)
-SECTIONS = ("lifecycle", "nri", "pull", "rss", "list")
+#: partial needs skopeo (../shared/interop): without it the run leaves that section out.
+SECTIONS = ("lifecycle", "nri", "pull", "rss", "list") + (
+    ("partial",) if interop.binary("skopeo") else ())
 #: The endpoint test also times gVisor's pod start where runsc is installed.
 RUNSC = shutil.which("runsc") is not None
+#: The pull section makes its zstd:chunked image with upstream skopeo, where it is.
+SKOPEO = interop.binary("skopeo") is not None
 
 
 def _positive(v: Any) -> bool:
@@ -44,7 +50,7 @@ def _check_stats(name: str, s: dict[str, Any], n: int) -> None:
 
 def _expected_n(section: str, figure: str) -> int:
     return {"lifecycle": ITERATIONS, "nri": ITERATIONS, "pull": PULL_ROUNDS, "rss": 1,
-            "list": LIST_CALLS}[section]
+            "list": LIST_CALLS, "partial": 1}[section]
 
 
 def test_bench(tmp_path: Path) -> None:
@@ -56,6 +62,8 @@ def test_bench(tmp_path: Path) -> None:
                         "--list-calls", str(LIST_CALLS), "--rss-pods", str(RSS_PODS),
                         "--pull-mb", "2", "--pull-layers", "2",
                         "--pull-rounds", str(PULL_ROUNDS), "--nri-plugins", "0,1",
+                        "--partial-mb", "2", "--partial-layers", "2", "--partial-files", "20",
+                        "--partial-rounds", "1", "--sections", ",".join(SECTIONS),
                         "--json", str(out)],
                        cwd=PROJECT, env={**os.environ, "TMPDIR": str(tmp_path)},
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240,
@@ -115,8 +123,14 @@ def test_bench(tmp_path: Path) -> None:
     pull = result["sections"]["pull"]
     assert pull["image"]["layers"] == 2 and pull["image"]["bytes"] > 2 << 20
     assert not any("did not fetch" in n for n in pull["notes"])
-    # Each PullImage is shown against the minimal pull of the same image, timed each round.
-    for suffix in ("", " zstd"):
+    # One image per layer kind (zstd:chunked only where skopeo is there to make it), each
+    # PullImage shown against the minimal pull of the same image, timed each round.
+    kinds = [i["kind"] for i in pull["images"]]
+    assert kinds == [k for k in KIND_NAMES if k != "zstd:chunked text" or SKOPEO]
+    text = next(i for i in pull["images"] if i["kind"] == "gzip text")
+    assert text["content"] == "text" and text["bytes"] < pull["image"]["bytes"]  # compresses
+    for kind in kinds:
+        suffix = "" if kind == "gzip" else f" {kind}"
         fig = pull["figures"][f"PullImage{suffix} against the minimal pull"]
         assert fig["floor"] == f"minimal pull{suffix}"
         assert len(pull["samples"][f"minimal pull{suffix}"]) == PULL_ROUNDS
@@ -126,6 +140,14 @@ def test_bench(tmp_path: Path) -> None:
     # shared PID namespace) have no pause.
     assert rss["monitor processes"]["median"] == RSS_PODS
     assert rss[f"daemon RSS, {RSS_PODS} pods"]["ratio"] > 0
+
+    if "partial" in SECTIONS:
+        part = result["sections"]["partial"]
+        # v2 after v1 fetched a part of v2; the hard-linked pair takes less disk.
+        fetched = part["figures"]["bytes fetched v2 after v1 (vs a whole v2)"]
+        assert fetched["floor"] == "bytes of v2 (a whole pull)" and fetched["ratio"] < 1
+        assert part["figures"]["disk of the old version and v2, use_hard_links"]["median"] < \
+            part["figures"]["disk of the old version and v2"]["median"]
 
     lst = result["sections"]["list"]
     assert set(lst["figures"]) == {f"ListContainers ({n} containers)" for n in LIST_SIZES} | {
@@ -175,3 +197,35 @@ def test_bench_endpoint(tmp_path: Path, registry: LocalRegistry,
         # Only the runtime's own sandbox image (from its registry) may have appeared.
         left = {t for i in d.client.list() if i.id not in images_before for t in i.repo_tags}
         assert left <= {test_images.pause.ref(registry)}, left
+
+
+def test_bench_pull_against(tmp_path: Path) -> None:
+    """``--pull-against``: another runtime (a second pycrid here) pulls the same images in
+    the same rounds; every kind shows the runtime under test against it, wall time and the
+    daemons' CPU, and ``--registry-config-dir`` leaves no hosts.toml behind."""
+    base, certs = tmp_path / "other", tmp_path / "certs.d"
+    certs.mkdir()
+    with running_daemon(str(base), "version = 2\n"
+                        f'[plugins."pycrid.cri.v1.images".registry]\nconfig_path = "{certs}"\n'
+                        ) as d:
+        out = tmp_path / "out.json"
+        r = subprocess.run([sys.executable, "-m", "bench", "--sections", "pull",
+                            "--pull-mb", "2", "--pull-layers", "2", "--pull-rounds", "1",
+                            "--pull-kinds", "gzip,uncompressed text",
+                            "--pull-against", f"unix://{d.address}",
+                            "--registry-config-dir", str(certs), "--json", str(out)],
+                           cwd=PROJECT, env={**os.environ, "TMPDIR": str(tmp_path)},
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=240, check=False)
+        assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
+        assert d.client.list() == []  # its pulls were removed
+    pull = json.loads(out.read_text())["sections"]["pull"]
+    assert pull["against"] == f"unix://{d.address}"
+    other = f"pycrid (unix://{d.address})"  # the same name as the runtime under test's
+    for suffix in ("", " uncompressed text"):
+        fig = pull["figures"][f"PullImage{suffix} against {other}"]
+        assert fig["floor"] == f"{other} PullImage{suffix}" and _positive(fig["ratio"])
+        assert pull["samples"][f"{other} PullImage{suffix}"][0] > 0
+        cpu = pull["figures"][f"PullImage{suffix} daemon CPU against {other}"]
+        assert cpu["n"] == 1 and cpu["floor"] == f"{other} PullImage{suffix} daemon CPU"
+    assert list(certs.iterdir()) == []

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bench.pull import REPO, minimal_layer
+from bench.pull_floors import REPO, minimal_layer
 
 from tests.support.images import digest_of
 from tests.support.layers import compress
@@ -47,7 +47,7 @@ def registry() -> Iterator[tuple[int, dict[str, bytes]]]:
         thread.join()
 
 
-@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+@pytest.mark.parametrize("compression", ["gzip", "zstd", "none"])
 def test_minimal_layer_verifies_and_writes_blob_and_tar(
         registry: tuple[int, dict[str, bytes]], tmp_path: Path, compression: str) -> None:
     port, blobs = registry

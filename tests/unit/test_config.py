@@ -10,8 +10,9 @@ import pytest
 from pycrid import release
 from pycrid.builtins import registry
 from pycrid.config.decode import ConfigError, Duration
+from pycrid.config.images_schema import ImagesConfig
 from pycrid.config.loader import load, migrate, render_default, render_raw
-from pycrid.config.schema import CURRENT_VERSION, ImagesConfig
+from pycrid.config.schema import CURRENT_VERSION
 
 REGS = registry().registrations()
 IMAGES = 'plugins."pycrid.cri.v1.images"'

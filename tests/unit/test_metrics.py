@@ -19,6 +19,7 @@ from pycrid import __version__, errors, release
 from pycrid.config.decode import ConfigError
 from pycrid.core.cri_service import CRIService
 from pycrid.cri.instrument import Gate, instrumented_servicer
+from pycrid.images.pull_report import PullReport
 from pycrid.metrics import Metrics, samples
 from pycrid.metrics.endpoint import MetricsServer
 from pycrid.store.records import ContainerRecord, SandboxRecord
@@ -70,6 +71,8 @@ def _fake_core(plugins: list[Any] | None, recovery: float | None) -> Any:
             ctr("5", phase="created", unknown=True), ctr("6", phase="creating"))),
         nri=SimpleNamespace(adaptation=None if plugins is None else SimpleNamespace(
             plugins=plugins)),
+        images=SimpleNamespace(pull_reports={"sha256:abc": PullReport(
+            fetched=10, reused=900, skipped=300, partial_layers=2)}),
         recovery_seconds=recovery)
 
 
@@ -86,6 +89,8 @@ def test_states_counted_from_records() -> None:
     assert value(got, "pycrid_nri_plugins_connected") == 1
     assert value(got, "pycrid_recovery_duration_seconds") == 0.25
     assert value(got, "pycrid_build_info", version=__version__, commit=release.commit()) == 1
+    for kind, n in (("fetched", 10), ("reused", 900), ("skipped", 300)):
+        assert value(got, "pycrid_image_last_pull_bytes", image="sha256:abc", kind=kind) == n
 
 
 def test_unbound_and_not_recovered_report_nothing_of_the_core() -> None:
@@ -117,7 +122,11 @@ def test_recording_calls() -> None:
     m.pull_done(False, 0.5)
     m.pull_bytes(1000)
     m.pull_bytes(24)
+    m.pull_saved(reused=5000, skipped=700)
+    m.pull_saved(reused=0, skipped=0)
     got = scrape(m)
+    assert value(got, "pycrid_image_pull_reused_bytes_total") == 5000
+    assert value(got, "pycrid_image_pull_skipped_bytes_total") == 700
     assert value(got, "pycrid_cri_requests_total", method="Version", code="OK") == 2
     assert value(got, "pycrid_cri_request_duration_seconds_count", method="Version",
                  code="OK") == 2

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import pytest
 
-from pycrid.config.schema import ImagesConfig
+from pycrid.config.images_schema import ImagesConfig
 from pycrid.errors import DataLoss, InvalidArgument, PermissionDenied
 from pycrid.host import mounts as mnt
 from pycrid.images.content import ContentStore
@@ -369,3 +369,18 @@ async def test_implicit_dirs_take_the_metadata_below(base: Path) -> None:
                 assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == want, rel
                 assert st.st_mtime == 1_700_000_000, rel
             assert (view / "srv/www/index.html").read_bytes() == b"hi"
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "zstd"])
+async def test_a_wrong_diff_id_is_refused_whatever_the_compression(base: Path,
+                                                                    compression: str) -> None:
+    """An uncompressed layer's tar is not hashed twice (its diff id is its verified digest):
+    a config naming another diff id is refused all the same."""
+    ok = tar_bytes([Entry("f", data=b"1")])
+    build = build_image([ok, tar_bytes([Entry("g", data=b"2")])], compression=compression)
+    config = build.config_json
+    config["rootfs"]["diff_ids"][1] = digest_of(tar_bytes([Entry("g", data=b"3")]))
+    async with service(base, MemoryRegistry(rebuilt(build, config=config))) as svc:
+        with pytest.raises(DataLoss, match="diffID mismatch"):
+            await svc.pull(REF, None)
+        assert_nothing_left(svc)

@@ -193,6 +193,27 @@ def test_chown_tree_shifts_every_file_and_keeps_set_id_bits(tmp_path: Path) -> N
         chown_tree(str(other), MAP)
 
 
+def test_chown_tree_through_overlayfs_changes_every_name_of_a_hard_link(
+        tmp_path: Path) -> None:
+    """overlayfs (index=off) copies up the one name chowned; the other name of a lower
+    hard link still shows the lower file, so it is chowned in its own turn."""
+    from pycrid.host.mounts import Mount, mount
+
+    lower, upper, work, merged = (tmp_path / n for n in ("lower", "upper", "work", "merged"))
+    for d in (lower, upper, work, merged):
+        d.mkdir()
+    (lower / "a").write_text("x")
+    os.link(lower / "a", lower / "b")
+    mount(Mount("overlay", "overlay", ("index=off", f"lowerdir={lower}", f"upperdir={upper}",
+                                       f"workdir={work}")), str(merged))
+    try:
+        chown_tree(str(merged), MAP)
+        assert [(merged / n).stat().st_uid for n in ("a", "b")] == [HOST, HOST]
+    finally:
+        unmount(str(merged))
+    assert (lower / "a").stat().st_uid == 0  # the layer itself never changes
+
+
 def test_remapped_key_depends_on_the_image_and_the_maps() -> None:
     other = IDMap((IDRange(0, HOST + 65536, 65536),), MAP.gids)
     keys = {remapped_key("sha256:a", MAP), remapped_key("sha256:b", MAP),

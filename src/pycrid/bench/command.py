@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-SECTIONS = ("lifecycle", "nri", "rss", "list")
+SECTIONS = ("lifecycle", "nri", "rss", "list", "partial")
 
 DESCRIPTION = """\
 Measure the CRI runtime at --endpoint (default: the running pycrid's socket from its
@@ -42,6 +42,11 @@ sections and their floors:
   list       ListContainers and ListPodSandbox with --list-sizes containers present (the
              runtime's total: the run adds containers that ran `true` and exited), beside
              the Version round trip (a call that does no work).
+  partial    with --partial-images OLD,NEW (two versions of one image, neither on the
+             node): PullImage of NEW right after OLD, beside PullImage of NEW on a node
+             without OLD (the floor), and the disk both take (ImageFsInfo); a runtime with
+             partial pulls (pycrid, zstd:chunked images) fetches only what changed. Each
+             of --partial-rounds pulls and removes both. Only with that option.
 """
 
 
@@ -53,6 +58,13 @@ def int_list(text: str) -> list[int]:
     if not vals or min(vals) < 0:
         raise argparse.ArgumentTypeError(f"need non-negative integers: {text!r}")
     return vals
+
+
+def image_pair(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition(",")
+    if not sep or not old.strip() or not new.strip() or old.strip() == new.strip():
+        raise argparse.ArgumentTypeError(f"want OLD,NEW (two image references): {text!r}")
+    return old.strip(), new.strip()
 
 
 def section_list(known: tuple[str, ...]) -> Any:
@@ -77,8 +89,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--endpoint", metavar="unix:///PATH",
                     help="the CRI socket (default: the config's [grpc] address)")
     ap.add_argument("--config", "-c", help="pycrid config file read for the default endpoint")
-    ap.add_argument("--sections", type=section_list(SECTIONS), default=list(SECTIONS),
-                    help=f"comma-separated subset of {','.join(SECTIONS)} (default all)")
+    ap.add_argument("--sections", type=section_list(SECTIONS), default=None,
+                    help=f"comma-separated subset of {','.join(SECTIONS)} (default all; "
+                         "partial only with --partial-images)")
     ap.add_argument("--runtime-handler", metavar="NAME", default="",
                     help="also time the pod start of this runtime handler (e.g. runsc) in the "
                          "lifecycle section, beside the default handler's")
@@ -95,6 +108,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="container counts the list calls are timed at (default 100,300)")
     ap.add_argument("--list-calls", type=int, default=20,
                     help="calls timed per list size and kind (default 20)")
+    ap.add_argument("--partial-images", type=image_pair, metavar="OLD,NEW",
+                    help="the partial section's two versions of one image (neither may be "
+                         "on the node)")
+    ap.add_argument("--partial-rounds", type=int, default=3,
+                    help="rounds of the partial section (default 3)")
     ap.add_argument("--daemon-pid", type=int,
                     help="the runtime's pid for rss (default: the socket's owner)")
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
@@ -106,10 +124,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments, if anything."""
-    if min(args.iterations, args.list_calls, args.rss_pods) < 1:
-        return "--iterations, --list-calls and --rss-pods must be at least 1"
+    if min(args.iterations, args.list_calls, args.rss_pods, args.partial_rounds) < 1:
+        return "--iterations, --list-calls, --rss-pods and --partial-rounds must be at least 1"
     if args.endpoint and not args.endpoint.startswith(("unix://", "/")):
         return "--endpoint must be unix:///path/to/socket"
+    if args.sections is None:
+        args.sections = [s for s in SECTIONS if s != "partial" or args.partial_images]
+    elif "partial" in args.sections and not args.partial_images:
+        return "the partial section needs --partial-images OLD,NEW"
     return None
 
 

@@ -214,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     arm_signals()
     t_start = time.monotonic()
     plan = Plan(args.sections, args.iterations, args.nri_plugins, args.seed, args.rss_pods,
-                args.list_sizes, args.list_calls, args.runtime_handler)
+                args.list_sizes, args.list_calls, args.runtime_handler,
+                partial_images=args.partial_images, partial_rounds=args.partial_rounds)
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "runtime": {"endpoint": endpoint, **asked.version, "daemon_pid": pid,

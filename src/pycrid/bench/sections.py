@@ -6,12 +6,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pycrid.bench import lifecycle, listing, rss
+from pycrid.bench import lifecycle, listing, partial, rss
 from pycrid.bench import nri_load as nri
 from pycrid.bench.report import Section, guarded
 from pycrid.bench.target import Target
 
-SECTIONS = ("lifecycle", "nri", "rss", "list")
+SECTIONS = ("lifecycle", "nri", "rss", "list", "partial")
 
 
 @dataclass
@@ -28,6 +28,9 @@ class Plan:
     #: A runtime handler whose pod start the lifecycle section times beside the default
     #: one's (e.g. runsc); "" for none.
     handler: str = ""
+    #: The partial section's (old, new) images; None: skipped.
+    partial_images: tuple[str, str] | None = None
+    partial_rounds: int = 3
 
 
 def run_sections(target: Target, idle: rss.Idle | None, plan: Plan, runc: str,
@@ -65,6 +68,13 @@ def run_sections(target: Target, idle: rss.Idle | None, plan: Plan, runc: str,
     if "nri" in want:
         done["nri"] = guarded("nri", lambda: nri.run(
             target, plan.nri_plugins, plan.iterations, plan.seed), errors)
+    if "partial" in want and "partial" not in (after or {}):
+        if plan.partial_images is None:
+            done["partial"] = Section("partial", skipped="give --partial-images OLD,NEW")
+        else:
+            old, new = plan.partial_images
+            done["partial"] = guarded("partial", lambda: partial.run(
+                target, old, new, plan.partial_rounds), errors)
     for name, fn in (after or {}).items():
         if name in want:
             done[name] = guarded(name, fn, errors)

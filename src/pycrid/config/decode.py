@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -126,6 +127,10 @@ def cfg(default: Any, help: str, check: Callable[[Any], str | None] | None = Non
         factory = type(default)
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def abs_or_empty(v: Any) -> str | None:
+    return None if v == "" or os.path.isabs(v) else "must be an absolute path or empty"
 
 
 def one_of(*choices: str) -> Callable[[Any], str | None]:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycrid.config.decode import Duration, at_least, cfg, one_of
+from pycrid.config.decode import Duration, abs_or_empty, at_least, cfg, one_of
 
 #: The config layout this pycrid writes and reads natively.
 CURRENT_VERSION = 2
@@ -21,10 +21,6 @@ DEFAULT_CONFIG_PATH = "/etc/pycrid/config.toml"
 
 def _abs_path(v: Any) -> str | None:
     return None if os.path.isabs(v) else "must be an absolute path"
-
-
-def _abs_or_empty(v: Any) -> str | None:
-    return None if v == "" or os.path.isabs(v) else "must be an absolute path or empty"
 
 
 def _grpc_address(v: Any) -> str | None:
@@ -39,10 +35,10 @@ class GrpcConfig:
         "", "TCP address (host:port) of the optional CRI TCP listener; used only when the CRI\n"
         "plugin's disable_tcp_service is false.")
     tcp_tls_cert: str = cfg("", "TLS certificate for the TCP listener (empty: plain TCP).",
-                            _abs_or_empty)
-    tcp_tls_key: str = cfg("", "TLS key for the TCP listener.", _abs_or_empty)
+                            abs_or_empty)
+    tcp_tls_key: str = cfg("", "TLS key for the TCP listener.", abs_or_empty)
     tcp_tls_ca: str = cfg("", "CA that client certificates must chain to (empty: no client auth).",
-                          _abs_or_empty)
+                          abs_or_empty)
     uid: int = cfg(0, "Owner uid of the CRI socket.", at_least(0))
     gid: int = cfg(0, "Owner gid of the CRI socket.", at_least(0))
     max_recv_message_size: int = cfg(16 * 1024 * 1024, "Largest gRPC request, in bytes.",
@@ -112,52 +108,6 @@ class Config:
 # --- plugin sections -------------------------------------------------------------------------
 
 
-@dataclass
-class RegistryConfig:
-    config_path: str = cfg(
-        "/etc/pycrid/certs.d",
-        "Directory of per-registry hosts.toml files (containerd's format): mirrors,\n"
-        "plain-http registries, CA and client certificates. Empty: defaults only.",
-        _abs_or_empty)
-
-
-@dataclass
-class ImagesConfig:
-    """``[plugins."pycrid.cri.v1.images"]``."""
-
-    snapshotter: str = cfg("overlayfs", "Snapshotter that image layers are unpacked into.",
-                           one_of("overlayfs"))
-    sandbox_image: str = cfg("registry.k8s.io/pause:3.10",
-                             "Image of the pod sandbox (pause) container; always pinned.")
-    max_concurrent_downloads: int = cfg(
-        3, "Layers downloaded at once, per pull (each unpacked as it downloads).", at_least(1))
-    image_pull_progress_timeout: Duration = cfg(
-        Duration(300), "A pull with no bytes received for this long is cancelled (0: never).")
-    allow_device_nodes: bool = cfg(
-        False, "Create device nodes found in image layers (refused by default: the\n"
-        "container's /dev comes from the runtime, and a node in a layer is a way out).")
-    slow_chown: bool = cfg(
-        False, "Pods in a user namespace see the image's layers through idmapped mounts;\n"
-        "where the kernel or file system cannot make them, give such pods a copy of the\n"
-        "image chowned to their ids instead of refusing them (containerd's overlayfs\n"
-        "snapshotter key: the copy costs the image's size per set of mappings).")
-    signature_policy: str = cfg(
-        "/etc/containers/policy.json",
-        "containers-policy.json(5) deciding which images may be pulled and run (sigstore\n"
-        "and GPG signatures, per registry and repository). Re-read when it changes. At\n"
-        "this default path a missing file means no verification; another path must exist\n"
-        "at start-up. Empty: no verification.", _abs_or_empty)
-    signature_policy_dir: str = cfg(
-        "/etc/pycrid/policies",
-        "<namespace>.json here replaces signature_policy for pulls and containers of pods\n"
-        "in that namespace (CRI-O's signature_policy_dir).", _abs_or_empty)
-    registries_d: str = cfg(
-        "/etc/containers/registries.d",
-        "containers-registries.d(5): where signatures live (use-sigstore-attachments,\n"
-        "lookaside), per registry and namespace.", _abs_or_empty)
-    registry: RegistryConfig = cfg(RegistryConfig(), "Registry access.")
-
-
 def _abs_paths(v: Any) -> str | None:
     bad = [p for p in v if not os.path.isabs(p)]
     return f"must be absolute paths ({', '.join(map(repr, bad))} is not)" if bad else None
@@ -178,7 +128,7 @@ class CNIConfig:
     conf_template: str = cfg(
         "", "A Go-template conflist written to conf_dir as 10-pycrid-net.conflist when the\n"
         "kubelet sends a pod CIDR (UpdateRuntimeConfig) and no valid config exists.\n"
-        "Fields: .PodCIDR, .PodCIDRRanges, .Routes.", _abs_or_empty)
+        "Fields: .PodCIDR, .PodCIDRRanges, .Routes.", abs_or_empty)
     ip_pref: str = cfg("ipv4", "Which pod IP is primary: the first IPv4 (\"ipv4\"), the first\n"
                        "IPv6 (\"ipv6\") or the first the plugin returned (\"cni\").",
                        one_of("ipv4", "ipv6", "cni"))
@@ -198,17 +148,17 @@ class RuntimeHandlerOptions:
 
     BinaryName: str = cfg("", "This handler's runc (or runsc) binary (empty: the section's\n"
                           "runtime_path for runc; for runsc the config file's binary_name,\n"
-                          "else runsc on the search path).", _abs_or_empty)
+                          "else runsc on the search path).", abs_or_empty)
     Root: str = cfg("", "This handler's runc (or runsc) state root (empty: <state>/runc for\n"
                     "the default handler, <state>/runc-NAME for the others, <state>/runsc-NAME\n"
-                    "for runsc; for runsc the config file's root wins).", _abs_or_empty)
+                    "for runsc; for runsc the config file's root wins).", abs_or_empty)
     TypeUrl: str = cfg("", "runsc only, as containerd's gVisor config writes it:\n"
                        "\"io.containerd.runsc.v1.options\" (or empty).",
                        one_of("", "io.containerd.runsc.v1.options"))
     ConfigPath: str = cfg(
         "", "runsc only: gVisor's runsc.toml (binary_name, root, and a [runsc_config] table\n"
         "of runsc flags, e.g. platform = \"kvm\", debug = \"true\", debug-log =\n"
-        "\"/var/log/runsc/%ID%/\"; %ID% is the pod's id). Read at start.", _abs_or_empty)
+        "\"/var/log/runsc/%ID%/\"; %ID% is the pod's id). Read at start.", abs_or_empty)
 
 
 @dataclass
@@ -224,7 +174,7 @@ class RuntimeHandlerConfig:
                            "section's; only overlayfs exists).", one_of("", "overlayfs"))
     base_runtime_spec: str = cfg(
         "", "An OCI spec (JSON) that replaces the built-in default spec of this handler's\n"
-        "pods and containers; read at start.", _abs_or_empty)
+        "pods and containers; read at start.", abs_or_empty)
     privileged_without_host_devices: bool = cfg(
         False, "Privileged containers of this handler get no host devices.")
     pod_annotations: list[str] = cfg(
@@ -233,7 +183,7 @@ class RuntimeHandlerConfig:
     container_annotations: list[str] = cfg(
         [], "Container annotations (glob patterns) copied into the container's OCI spec.")
     cni_conf_dir: str = cfg("", "This handler's own CNI config dir (empty: the [cni] one).",
-                            _abs_or_empty)
+                            abs_or_empty)
     cni_max_conf_num: int = cfg(1, "max_conf_num for cni_conf_dir (0: all).", at_least(0))
     sandboxer: str = cfg(
         "", "How this handler's pods are held (containerd's key): \"podsandbox\" always runs\n"
@@ -264,7 +214,7 @@ class RuntimeConfig:
         "", "The CRIU binary runc checkpoints and restores containers with (empty: criu\n"
         "on the search path). Checked once at start with `criu check`; Status says\n"
         "whether checkpointing works. Kernels newer than a distribution's CRIU need a\n"
-        "newer CRIU (Debian 12's 3.17 fails its check on kernel 6.x).", _abs_or_empty)
+        "newer CRIU (Debian 12's 3.17 fails its check on kernel 6.x).", abs_or_empty)
     default_runtime_name: str = cfg("runc", "The handler of pods that name none (one of runtimes).")
     runtimes: dict[str, RuntimeHandlerConfig] = cfg(
         {"runc": RuntimeHandlerConfig()}, "Runtime handlers by name (RunPodSandbox's\n"
@@ -308,8 +258,8 @@ def _host(v: Any) -> str | None:
 
 @dataclass
 class X509KeyPairConfig:
-    tls_cert_file: str = cfg("", "Certificate (PEM) of the streaming server.", _abs_or_empty)
-    tls_key_file: str = cfg("", "Its private key (PEM).", _abs_or_empty)
+    tls_cert_file: str = cfg("", "Certificate (PEM) of the streaming server.", abs_or_empty)
+    tls_key_file: str = cfg("", "Its private key (PEM).", abs_or_empty)
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""mount(2), umount2(2), openat2(2) and idmapped mounts through libc, and the mounts
-under a path.
+"""mount(2), umount2(2), openat2(2), linkat(2) of an open file and idmapped mounts
+through libc, and the mounts under a path.
 
 Used for unpacking layers, container root filesystems and image volumes;
 calling the syscalls directly avoids a ``mount`` process per layer.
@@ -86,7 +86,26 @@ class _OpenHow(ctypes.Structure):
 
 
 _SYS_OPENAT2 = 437  # the same number on every architecture
-_RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
+
+
+def _openat2(root: str | int, path: str, flags: int, resolve: int) -> int:
+    """openat2(2) of ``path`` under directory ``root`` (a path, or an fd of it); OSError
+    as open(2) would raise."""
+    dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) \
+        if isinstance(root, str) else root
+    try:
+        how = _OpenHow(flags=flags | os.O_CLOEXEC, mode=0, resolve=resolve)
+        fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd),
+                               os.fsencode(path), ctypes.byref(how),
+                               ctypes.c_size_t(ctypes.sizeof(how))))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        return fd
+    finally:
+        if isinstance(root, str):
+            os.close(dirfd)
 
 
 def real_dir_beneath(root: str, path: str) -> str:
@@ -97,22 +116,32 @@ def real_dir_beneath(root: str, path: str) -> str:
     raises OSError with ENOENT (missing), ENOTDIR (not a directory) or EXDEV
     (escapes ``root``).
     """
-    dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        how = _OpenHow(flags=os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, mode=0,
-                       resolve=_RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
-        fd = int(_libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd),
-                               os.fsencode(path), ctypes.byref(how),
-                               ctypes.c_size_t(ctypes.sizeof(how))))
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-    finally:
-        os.close(dirfd)
+    fd = _openat2(root, path, os.O_PATH | os.O_DIRECTORY,
+                  _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
     try:
         return os.readlink(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
+
+
+def open_no_symlinks(root: str | int, path: str) -> int:
+    """A read-only fd of ``path`` inside ``root`` (a directory, or an fd of one opened
+    O_PATH) reached through no symlink at all (and never outside ``root``): ELOOP where a
+    component is one, ENOENT where it is missing."""
+    return _openat2(root, path, os.O_RDONLY | os.O_NOFOLLOW,
+                    _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+
+
+_AT_SYMLINK_FOLLOW = 0x400
+
+
+def link_fd(fd: int, path: str) -> None:
+    """A new name ``path`` for the file open as ``fd`` (linkat(2) through its /proc
+    link, followed: os.link would link the /proc symlink itself)."""
+    src = f"/proc/self/fd/{fd}".encode()
+    if _libc.linkat(_AT_FDCWD, src, _AT_FDCWD, os.fsencode(path), _AT_SYMLINK_FOLLOW) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
 
 
 def mounts_under(path: str) -> list[str]:

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-from pycrid.config.schema import ImagesConfig
+from pycrid.config.images_schema import ImagesConfig
 from pycrid.errors import AlreadyExists, DataLoss, NotFound, PycridError
 from pycrid.faults import failpoint
 from pycrid.host import space
@@ -29,7 +29,9 @@ from pycrid.images import manifest as mf
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
+from pycrid.images.heap import PullBuffers
 from pycrid.images.mediatypes import INDEX_TYPES, Descriptor, Platform, verify_bytes
+from pycrid.images.partial.puller import LayerJob, PartialPuller, Scratch
 from pycrid.images.reference import Reference
 from pycrid.images.snapshots import TEMP_PREFIX, Kind, Snapshotter
 from pycrid.images.threads import run_settled, settle
@@ -82,6 +84,8 @@ class PullMetrics(Protocol):
 
     def pull_bytes(self, n: int) -> None: ...
 
+    def pull_saved(self, reused: int, skipped: int) -> None: ...
+
 
 
 class ImageFetcher:
@@ -97,6 +101,7 @@ class ImageFetcher:
         config: ImagesConfig,
         platform: Platform,
         metrics: PullMetrics | None = None,
+        partial: PartialPuller | None = None,
     ) -> None:
         self.content = content
         self.snapshotter = snapshotter
@@ -110,6 +115,10 @@ class ImageFetcher:
             max_workers=4 * config.max_concurrent_downloads, thread_name_prefix="unpack")
         #: Pull bytes are counted here when set (by the image service).
         self.metrics = metrics
+        # Freed buffers stay in the C heap while pulls run, and go back after the last.
+        self._buffers = PullBuffers(self._unpackers)
+        #: Asked first for each layer: a partial pull (None: every layer whole).
+        self.partial = partial
 
     def close(self) -> None:
         self._unpackers.shutdown(wait=False, cancel_futures=True)
@@ -120,7 +129,7 @@ class ImageFetcher:
         """The image ``target`` (an index or a manifest) names: its blobs stored, its layers
         committed as snapshots; the record returned is not stored yet."""
         writes: list[asyncio.Future[None]] = []
-        with space.writing(f"image {ref}", self.content.root):
+        with self._buffers.pulling(), space.writing(f"image {ref}", self.content.root):
             try:
                 rec = await self._fetch_all(ref, target, creds, writes)
             finally:
@@ -228,17 +237,27 @@ class ImageFetcher:
         def opener() -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
             return self.client.fetch_blob(ref, layer, creds)
 
-        async def unpack(lowers: list[str] | None = None) -> tuple[str, Extracted]:
-            """Into a new scratch snapshot: the blob as it downloads, or from the store."""
+        async def scratch() -> str:
+            """A new scratch snapshot (its directory) for the layer."""
             nonlocal key
             key = f"{TEMP_PREFIX}{secrets.token_hex(6)}-{chain_id}"
             await self._settled(self.snapshotter.prepare, key, None)
-            root = self.snapshotter.upper_dir(key)
+            return self.snapshotter.upper_dir(key)
+
+        async def drop() -> None:
+            nonlocal key
+            await self._discard(key)
+            key = ""
+
+        async def unpack(lowers: list[str] | None = None) -> tuple[str, Extracted]:
+            """Into a new scratch snapshot: the blob as it downloads, or from the store."""
+            root = await scratch()
             got = await self.content.ingest(
                 layer.digest, layer.size, opener,
                 functools.partial(extract, root=root, name=layer.digest,
                                   has_lower=parent is not None, lowers=lowers or (),
-                                  allow_device_nodes=self.config.allow_device_nodes),
+                                  allow_device_nodes=self.config.allow_device_nodes,
+                                  verified=True),
                 progress_timeout=float(self.config.image_pull_progress_timeout),
                 executor=self._unpackers)
             if got.downloaded and self.metrics is not None:
@@ -248,9 +267,15 @@ class ImageFetcher:
                                f"{diff_id}, content is {got.result.diff_id}")
             return root, got.result
 
+        async def partially() -> tuple[str, Extracted] | None:
+            if self.partial is None or self.content.exists(layer.digest):
+                return None
+            job = LayerJob(ref, creds, layer, diff_id, chain_id, has_lower=parent is not None)
+            return await self.partial.unpack(job, Scratch(scratch, drop))
+
         try:
             async with sem:
-                root, unpacked = await unpack()
+                root, unpacked = await partially() or await unpack()
             failpoint("pull.downloaded")  # a verified blob in the content store
             if below is not None:
                 await below.wait()
@@ -275,6 +300,8 @@ class ImageFetcher:
                                      "unpacked files)", self.content.root) from None
             raise
         done.set()
+        if self.partial is not None:  # after: the layers above need not wait for it
+            await self.partial.committed(chain_id, layer)
 
     async def _settled(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A short blocking call (snapshotter, metadata) in the default executor, finished

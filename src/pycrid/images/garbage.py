@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 
 from pycrid.images.content import ContentStore
 from pycrid.images.snapshots import Kind, Snapshotter
@@ -22,12 +22,15 @@ class GarbageCollector:
     """Sweeps what no image holds, and keeps pulls and sweeps from overlapping."""
 
     def __init__(self, *, store: ImageStore, content: ContentStore, snapshotter: Snapshotter,
-                 owner: Owner) -> None:
+                 owner: Owner, prune: Callable[[Collection[str]], object] | None = None) -> None:
         self.store = store
         self.content = content
         self.snapshotter = snapshotter
         #: Owns the collection that runs when the last pull ends (it outlives that pull).
         self._owner = owner
+        #: Told the committed snapshots that remain after a sweep (the file index keeps
+        #: only theirs).
+        self._prune = prune
         self._pulls = 0
         self._gc_pending = False
         self._no_gc_running = asyncio.Event()
@@ -91,6 +94,8 @@ class GarbageCollector:
             parents = {i.parent for i in self.snapshotter.walk() if i.parent}
             doomed = [i.key for i in infos if i.key not in keep_snaps and i.key not in parents]
             if not doomed:
+                if self._prune is not None:
+                    self._prune({i.key for i in infos})
                 return blobs, snaps
             for key in doomed:
                 self.snapshotter.remove(key)

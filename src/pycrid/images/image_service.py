@@ -17,15 +17,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pycrid.config.schema import ImagesConfig
+from pycrid.config.images_schema import ImagesConfig
 from pycrid.errors import InvalidArgument, NotFound, SignatureValidationFailed
+from pycrid.images import pull_report
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
 from pycrid.images.fetch import ImageFetcher, PullMetrics
 from pycrid.images.garbage import GarbageCollector
 from pycrid.images.mediatypes import Platform, host_platform
+from pycrid.images.partial.file_index import FileIndex
+from pycrid.images.partial.puller import PartialPuller
 from pycrid.images.policy.enforcer import SignaturePolicy, check_names
+from pycrid.images.pull_report import PullReport
 from pycrid.images.reference import Reference, parse_reference
 from pycrid.images.snapshots import Snapshotter
 from pycrid.store.image_records import ImageRecord, ImageStore
@@ -67,31 +71,42 @@ class ImageService:
         snapshotter: Snapshotter,
         client: RegistryClient,
         config: ImagesConfig,
-        platform: Platform | None = None,
         metrics: PullMetrics | None = None,
         owner: Owner | None = None,
+        files: FileIndex | None = None,
     ) -> None:
         self.store = store
         self.content = content
         self.snapshotter = snapshotter
         self.client = client
         self.config = config
-        self.platform = platform or host_platform()
+        #: The platform an index is resolved to (this machine's).
+        self.platform: Platform = host_platform()
         #: Whether an image may be used (None: every image may); set by the wiring.
         self.policy: SignaturePolicy | None = None
         self._sandbox_ref = parse_reference(config.sandbox_image)
         #: The service's background tasks (a collection that outlives the pull that
         #: asked for it); closed with the service.
         self.owner = owner if owner is not None else Owner("images")
+        #: Partial pulls, when on and the daemon keeps a file index (None: whole layers).
+        self.partial = PartialPuller(
+            client=client, index=files, snapshotter=snapshotter, content=content,
+            config=config) if files is not None and config.enable_partial_images else None
+        if self.partial is not None and metrics is not None:
+            self.partial.count_bytes = metrics.pull_bytes
         self._fetcher = ImageFetcher(content=content, snapshotter=snapshotter, client=client,
-                                     config=config, platform=self.platform, metrics=metrics)
-        self._collector = GarbageCollector(store=store, content=content,
-                                           snapshotter=snapshotter, owner=self.owner)
+                                     config=config, platform=self.platform,
+                                     metrics=_Reported(metrics), partial=self.partial)
+        self._collector = GarbageCollector(
+            store=store, content=content, snapshotter=snapshotter, owner=self.owner,
+            prune=files.retain if files is not None else None)
         #: The daemon's pull counts, bytes and durations (None: not recorded).
         self.metrics = metrics
         #: Annotation keys of an index or manifest, by digest (what a digest holds never
         #: changes): asked at every CreateContainer, read once.
         self._annotation_keys: dict[str, frozenset[str]] = {}
+        #: What the last pull of each image present cost (memory only; for the metrics).
+        self.pull_reports: dict[str, PullReport] = {}
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -186,6 +201,8 @@ class ImageService:
             await self.policy.close()
         await self.client.close()
         self._fetcher.close()
+        if self.partial is not None:
+            self.partial.close()
         await self.owner.aclose()
 
     # ---- pull ----------------------------------------------------------------------------
@@ -193,16 +210,25 @@ class ImageService:
     async def pull(self, image: str, creds: Credentials | None,
                    namespace: str = "") -> ImageRecord:
         """Pull ``image`` for a pod of ``namespace`` (its signature policy applies)."""
-        if self.metrics is None:
-            return await self._pull(image, creds, namespace)
         started = time.monotonic()
         ok = False
-        try:
-            rec = await self._pull(image, creds, namespace)
-            ok = True
-            return rec
-        finally:
-            self.metrics.pull_done(ok, time.monotonic() - started)
+        with pull_report.reporting() as report:
+            try:
+                rec = await self._pull(image, creds, namespace)
+                ok = True
+            finally:
+                seconds = time.monotonic() - started
+                if self.metrics is not None:
+                    self.metrics.pull_done(ok, seconds)
+                    self.metrics.pull_saved(report.reused, report.skipped)
+        if report.fetched or report.reused:
+            self.pull_reports[rec.id] = report
+            log.info("pulled image %s (%s) in %.2fs: %d bytes fetched, %d bytes reused from "
+                     "this node, %d bytes skipped (%d layers pulled partially, %d files "
+                     "shared by hard link)", image, rec.id, seconds, report.fetched,
+                     report.reused, report.skipped, report.partial_layers,
+                     report.linked_files)
+        return rec
 
     async def _pull(self, image: str, creds: Credentials | None, namespace: str
                     ) -> ImageRecord:
@@ -255,6 +281,7 @@ class ImageService:
         self.store.delete(rec.id)
         if self.policy is not None:
             self.policy.forget({img.target for img in self.store.list()})
+        self.pull_reports.pop(rec.id, None)
         await self.gc()
         return True
 
@@ -290,3 +317,23 @@ class ImageService:
         Returns (blobs removed, snapshots removed); (0, 0) when deferred.
         """
         return await self._collector.gc()
+
+
+class _Reported:
+    """The daemon's pull metrics (if any), plus the current pull's report."""
+
+    def __init__(self, inner: PullMetrics | None) -> None:
+        self._inner = inner
+
+    def pull_done(self, ok: bool, seconds: float) -> None:
+        if self._inner is not None:
+            self._inner.pull_done(ok, seconds)
+
+    def pull_bytes(self, n: int) -> None:
+        pull_report.current().fetched += n
+        if self._inner is not None:
+            self._inner.pull_bytes(n)
+
+    def pull_saved(self, reused: int, skipped: int) -> None:
+        if self._inner is not None:
+            self._inner.pull_saved(reused, skipped)

@@ -82,7 +82,13 @@ def lower_entry(root: str, lowers: Sequence[str], rel: str) -> tuple[str, os.sta
 
 class Resolver:
     """Resolves names inside ``root``; remembers the directories it made for entries whose
-    parents the layer does not list (they take their metadata from the layers below)."""
+    parents the layer does not list (they take their metadata from the layers below).
+
+    A directory once resolved is remembered (most entries share their parent with the one
+    before), until the caller says the tree changed under it: :meth:`forget` after anything
+    is removed or replaced, or a symlink is made. Creating a name that did not exist cannot
+    change where an existing directory resolves, except through the layers below (a new
+    name hides theirs), so with ``lowers`` nothing is remembered."""
 
     def __init__(self, root: str, *, has_lower: bool = False,
                  lowers: Sequence[str] = ()) -> None:
@@ -92,9 +98,23 @@ class Resolver:
         #: looked up in them (a symlink there is followed, a file refused).
         self.lowers = lowers
         self.implicit: set[str] = set()
+        self._dirs: dict[str, str] = {}
+
+    def forget(self) -> None:
+        """The tree changed (an entry removed or replaced, a symlink made): resolve anew."""
+        self._dirs.clear()
 
     def parent(self, rel_dir: str, *, create: bool) -> str:
         """The real path of directory ``rel_dir`` (cleaned, relative to root), inside root."""
+        known = self._dirs.get(rel_dir)
+        if known is not None:
+            return known
+        current = self._resolve(rel_dir, create=create)
+        if not self.lowers:
+            self._dirs[rel_dir] = current
+        return current
+
+    def _resolve(self, rel_dir: str, *, create: bool) -> str:
         todo = [c for c in rel_dir.split("/") if c]
         current = self.root
         hops = 0
@@ -133,6 +153,7 @@ class Resolver:
             if create and self.has_lower and is_whiteout(st):
                 # This layer whited the name out, then puts entries under it: a directory
                 # that hides what lower layers had there (what overlayfs itself makes).
+                self.forget()
                 os.unlink(candidate)
                 make_dir(candidate, opaque=True)
                 self.implicit.add(candidate)
@@ -146,6 +167,8 @@ class Resolver:
 
 def clean_name(name: str) -> str:
     """The entry name as a path relative to root, ``..`` clamped ('' is the root itself)."""
+    if name and name[0] not in "./" and "//" not in name and "/." not in name:
+        return name[:-1] if name[-1] == "/" else name  # already clean: the usual case
     return posixpath.normpath("/" + name).lstrip("/")
 
 
@@ -162,15 +185,18 @@ def escapes(linkname: str) -> bool:
     return False
 
 
-def remove_entry(path: str) -> None:
+def remove_entry(path: str) -> bool:
+    """Remove what is at ``path`` (a directory with its contents), never following it;
+    True if there was something."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
     if stat.S_ISDIR(st.st_mode):
         shutil.rmtree(path)
     else:
         os.unlink(path)
+    return True
 
 
 def is_real_dir_inside(root: str, path: str) -> bool:

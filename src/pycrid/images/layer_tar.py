@@ -12,17 +12,15 @@ passes: that hash is the layer's diff id.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import logging
 import os
 import posixpath
-import shutil
 import stat
 import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, cast
+from typing import IO, cast
 
 import zstandard
 from isal import isal_zlib
@@ -43,10 +41,11 @@ from pycrid.images.layer_paths import (
     make_whiteout,
     remove_entry,
 )
+from pycrid.images.tar_headers import FastTarInfo
+from pycrid.images.tar_stream import CHUNK, TarStream, write_all
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20
 #: What a corrupt or truncated compressed stream raises (the decompressor sits under
 #: the tar reader, so reading an entry can raise them too).
 CODEC_ERRORS: tuple[type[Exception], ...] = (
@@ -56,10 +55,23 @@ _TAR_ERRORS: tuple[type[Exception], ...] = (tarfile.TarError, *CODEC_ERRORS)
 _OPEN_ERRORS: tuple[type[Exception], ...] = (*_TAR_ERRORS, OSError)
 
 
+def _what(info: tarfile.TarInfo) -> str:
+    """How messages name an entry (made only when one is needed)."""
+    return f"layer entry {info.name!r}"
+
+
 def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
+    """Owner, mode (not a symlink's), xattrs and times, through ``path`` (never followed);
+    regular files get theirs through their descriptor."""
     os.lchown(path, info.uid, info.gid)
     if not is_link:
         os.chmod(path, stat.S_IMODE(info.mode))
+    _set_xattrs(path, info)
+    if not info.isdir():  # directories get their times after the whole layer
+        os.utime(path, (info.mtime, info.mtime), follow_symlinks=False)
+
+
+def _set_xattrs(path: str | int, info: tarfile.TarInfo) -> None:
     for key, value in info.pax_headers.items():
         if key.startswith("SCHILY.xattr."):
             name = key[len("SCHILY.xattr."):]
@@ -71,11 +83,17 @@ def _set_meta(path: str, info: tarfile.TarInfo, *, is_link: bool) -> None:
                 continue
             try:
                 os.setxattr(path, name, value.encode("utf-8", "surrogateescape"),
-                            follow_symlinks=False)
+                            follow_symlinks=isinstance(path, int))
             except OSError as e:
                 # trusted.* and security.* need privileges a filesystem may not grant;
                 # containerd likewise warns and goes on.
                 log.warning("layer entry %s: cannot set xattr %s: %s", info.name, name, e)
+
+
+#: Puts a regular file at its (resolved, free) path itself, taking its data from the
+#: stream, and says so; False lets the unpacker write it. A partial pull shares files
+#: the node has this way (images/partial/materialize.py).
+FilePlacer = Callable[[tarfile.TarInfo, str, "TarStream"], bool]
 
 
 @dataclass(frozen=True)
@@ -88,7 +106,7 @@ class Applied:
 
 def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
               allow_device_nodes: bool = False, has_lower: bool = False,
-              lowers: Sequence[str] = ()) -> Applied:
+              lowers: Sequence[str] = (), place: FilePlacer | None = None) -> Applied:
     """Apply the uncompressed tar ``tar_stream`` onto directory ``root``, the layer's own
     directory; ``has_lower``: layers lie below it (whiteouts are then kept as overlayfs
     whiteouts rather than only removing what this layer wrote); ``lowers``: their
@@ -98,14 +116,15 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
     written = 0
     dir_times: list[tuple[str, float]] = []
     try:
-        tf = tarfile.open(fileobj=cast(IO[bytes], src), mode="r:", errorlevel=2)
+        tf = tarfile.open(fileobj=cast(IO[bytes], src), mode="r:", errorlevel=2,
+                          tarinfo=FastTarInfo)
     except _OPEN_ERRORS as e:
         if space.is_no_space(e):  # writing the blob as it is read: the node's problem
             raise
         raise DataLoss(f"layer is not a readable tar archive: {e}") from None
     try:
         for info in tf:
-            written += _apply_entry(res, tf, src, info, allow_device_nodes, dir_times)
+            written += _apply_entry(res, tf, src, info, allow_device_nodes, dir_times, place)
     except _TAR_ERRORS as e:
         raise DataLoss(f"layer archive is corrupt or truncated: {e}") from None
     for path, mtime in reversed(dir_times):
@@ -115,31 +134,49 @@ def apply_tar(root: str, tar_stream: IO[bytes] | TarStream, *,
 
 
 def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo,
-                 allow_device_nodes: bool, dir_times: list[tuple[str, float]]) -> int:
+                 allow_device_nodes: bool, dir_times: list[tuple[str, float]],
+                 place: FilePlacer | None) -> int:
     rel = clean_name(info.name)
     if rel == "":
         return 0  # the root itself: its metadata belongs to the runtime, not the layer
-    rel_dir, base = posixpath.split(rel)
-    what = f"layer entry {info.name!r}"
+    rel_dir, _, base = rel.rpartition("/")
     if base.startswith(WHITEOUT):
-        _apply_whiteout(res, rel_dir, base, what)
+        _apply_whiteout(res, rel_dir, base, _what(info))
         return 0
     if info.ischr() or info.isblk():
         if not allow_device_nodes:
-            raise PermissionDenied(f"{what}: device nodes are not allowed in image layers "
-                                   "(allow_device_nodes is false)")
-    parent = res.parent(rel_dir, create=True)
-    path = os.path.join(parent, base)
-    written = 0
+            raise PermissionDenied(f"{_what(info)}: device nodes are not allowed in image "
+                                   "layers (allow_device_nodes is false)")
+    # The parent is a real path inside the root, never "/" itself.
+    path = res.parent(rel_dir, create=True) + "/" + base
+    if info.isreg():
+        if place is not None and not info.issparse():
+            _remove(res, path)  # the placer links or writes at a free name
+            if place(info, path, src):
+                return info.size  # its metadata is the shared file's, already the entry's
+        # Most entries: made with O_EXCL (nothing there is ever followed or reused), the
+        # rest through the descriptor, so no name is looked up again.
+        fd = _create(res, path)
+        try:
+            written = _copy_data(tf, src, info, fd)
+            os.fchown(fd, info.uid, info.gid)
+            os.fchmod(fd, stat.S_IMODE(info.mode))  # after the owner: chown clears set-id bits
+            if info.pax_headers:
+                _set_xattrs(fd, info)
+            os.utime(fd, (info.mtime, info.mtime))
+        finally:
+            os.close(fd)
+        return written
+    what = _what(info)
     if info.isdir():
         try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode):
-                remove_entry(path)
+                _remove(res, path)
                 # Over this layer's own whiteout: a directory that hides the lower one.
                 make_dir(path, opaque=res.has_lower and is_whiteout(st))
-        except FileNotFoundError:
-            os.mkdir(path, 0o700)
         res.implicit.discard(path)
         dir_times.append((path, info.mtime))
     elif info.islnk():
@@ -159,16 +196,12 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
         if stat.S_ISDIR(tst.st_mode):
             raise DataLoss(f"{what}: hard link target {info.linkname!r} is a directory")
         if target != path:
-            remove_entry(path)
+            _remove(res, path)
             os.link(target, path, follow_symlinks=False)
         return 0
     else:
-        remove_entry(path)
-        if info.isreg():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                written = _copy_data(tf, src, info, out, what)
-        elif info.issym():
+        _remove(res, path)
+        if info.issym():
             os.symlink(info.linkname, path)
         elif info.isfifo():
             os.mkfifo(path, 0o600)
@@ -178,9 +211,24 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
         else:
             raise DataLoss(f"{what}: unsupported tar entry type {info.type!r}")
     _set_meta(path, info, is_link=info.issym())
-    if not info.isdir():
-        os.utime(path, (info.mtime, info.mtime), follow_symlinks=False)
-    return written
+    return 0
+
+
+def _create(res: Resolver, path: str) -> int:
+    """A new regular file at ``path`` (in a directory of the layer's own), open for
+    writing; whatever the name held before (an earlier entry) is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        _remove(res, path)
+        return os.open(path, flags, 0o600)
+
+
+def _remove(res: Resolver, path: str) -> None:
+    """Remove what ``path`` holds; resolved directories are forgotten if it held anything."""
+    if remove_entry(path):
+        res.forget()
 
 
 def _apply_whiteout(res: Resolver, rel_dir: str, base: str, what: str) -> None:
@@ -199,7 +247,7 @@ def _apply_whiteout(res: Resolver, rel_dir: str, base: str, what: str) -> None:
         except NotFound:
             return
         if hidden:
-            remove_entry(os.path.join(parent, hidden))
+            _remove(res, os.path.join(parent, hidden))
         return
     # containerd makes missing parents of a whiteout too: the lower layers may have them.
     parent = res.parent(rel_dir, create=True)
@@ -207,82 +255,19 @@ def _apply_whiteout(res: Resolver, rel_dir: str, base: str, what: str) -> None:
         os.setxattr(parent, OPAQUE_XATTR, b"y", follow_symlinks=False)
         return
     path = os.path.join(parent, hidden)
-    remove_entry(path)
+    _remove(res, path)
     make_whiteout(path)
 
 
-def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, out: IO[bytes],
-               what: str) -> int:
-    """A regular member's data into ``out``: straight from the stream (it starts where the
+def _copy_data(tf: tarfile.TarFile, src: TarStream, info: tarfile.TarInfo, fd: int) -> int:
+    """A regular member's data into ``fd``: straight from the stream (it starts where the
     header ended), or through tarfile for a sparse one, which needs its map."""
     if info.issparse():
         data = tf.extractfile(info)
         assert data is not None
-        shutil.copyfileobj(data, out, CHUNK)
+        while chunk := data.read(CHUNK):
+            write_all(fd, chunk)
         return info.size
-    left = info.size
-    while left:
-        chunk = src.read(min(left, CHUNK))
-        if not chunk:
-            raise DataLoss(f"{what}: the archive ends inside the file's data")
-        out.write(chunk)
-        left -= len(chunk)
+    if src.copy_to(fd, info.size) < info.size:
+        raise DataLoss(f"{_what(info)}: the archive ends inside the file's data")
     return info.size
-
-
-class TarStream:
-    """The uncompressed layer as tarfile reads it: in order, hashed as it passes (the diff
-    id). tarfile parses the headers in its random-access mode, which only ever seeks
-    forward over a stream read in order, or back into the bytes just read (to check that
-    a member's data is all there); file data is copied straight from here, without the
-    copies its stream mode makes."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.hash = hashlib.sha256()
-        self._pos = 0
-        self._recent = b""  # the last bytes read, for a step back
-        self._again = b""  # stepped back over: read again before anything new
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            return b"".join(iter(lambda: self.read(CHUNK), b""))
-        parts = []
-        if self._again:
-            parts.append(self._again[:n])
-            self._again = self._again[n:]
-        want = n - len(parts[0]) if parts else n
-        while want > 0:  # whole reads: tarfile takes a short header block for the end
-            data: bytes = self._inner.read(want)
-            if not data:
-                break
-            self.hash.update(data)
-            parts.append(data)
-            want -= len(data)
-        out = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._pos += len(out)
-        self._recent = (self._recent + out)[-tarfile.BLOCKSIZE:] if len(out) < \
-            tarfile.BLOCKSIZE else out[-tarfile.BLOCKSIZE:]
-        return out
-
-    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
-        if whence != os.SEEK_SET:
-            raise OSError("a layer stream seeks to absolute positions only")
-        if pos < self._pos:
-            back = self._pos - pos
-            if back > len(self._recent):
-                raise OSError(f"a layer stream cannot go back {back} bytes")
-            self._again = self._recent[len(self._recent) - back:] + self._again
-            self._recent = self._recent[:len(self._recent) - back]
-            self._pos = pos
-        while self._pos < pos and self.read(min(pos - self._pos, CHUNK)):
-            pass
-        return self._pos
-
-    def drain(self) -> None:
-        while self.read(CHUNK):
-            pass
-

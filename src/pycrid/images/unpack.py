@@ -28,7 +28,8 @@ from pycrid.errors import DataLoss, InvalidArgument
 from pycrid.images import mediatypes as oci
 from pycrid.images.content import BlobReader
 from pycrid.images.layer_paths import OVERLAY_XATTRS, is_real_dir_inside, lower_entry
-from pycrid.images.layer_tar import CHUNK, CODEC_ERRORS, TarStream, apply_tar
+from pycrid.images.layer_tar import CODEC_ERRORS, FilePlacer, apply_tar
+from pycrid.images.tar_stream import CHUNK, TarStream
 
 #: Layer types we unpack. The compression is then told by magic bytes, not by the
 #: type, because registries are known to label gzip layers as plain tar and back.
@@ -68,21 +69,28 @@ class Extracted:
 
 
 def extract(raw: BlobReader, root: str, *, name: str, has_lower: bool,
-            allow_device_nodes: bool, lowers: Sequence[str] = ()) -> Extracted:
+            allow_device_nodes: bool, lowers: Sequence[str] = (),
+            place: FilePlacer | None = None, verified: bool = False) -> Extracted:
     """Decompress and apply one layer blob (read as it downloads) onto its own directory
-    ``root``; runs in a worker thread. ``name`` (the blob digest) is for messages."""
+    ``root``; runs in a worker thread. ``name`` is the blob's digest (for messages).
+    ``verified``: ``raw`` is that blob as the content store reads it, which checks it
+    against ``name``, so an uncompressed layer's diff id is ``name`` and its tar is not
+    hashed a second time; any other reader (a partial pull's rebuilt tar) is always
+    hashed. ``place`` may put regular files in place itself (``apply_tar``)."""
     try:
-        reader = TarStream(_decompressed(raw))
+        inner = _decompressed(raw)
+        plain = verified and inner is raw
+        reader = TarStream(inner, hashed=not plain)
         applied = apply_tar(root, reader, allow_device_nodes=allow_device_nodes,
-                            has_lower=has_lower, lowers=lowers)
+                            has_lower=has_lower, lowers=lowers, place=place)
         reader.drain()  # tar padding after the end marker counts for the diff id
     except CODEC_ERRORS as e:
         raise DataLoss(f"layer {name} is corrupt: {e}") from None
     except DataLoss as e:
         raise DataLoss(f"layer {name}: {e}") from None
     real = os.path.realpath(root)
-    return Extracted("sha256:" + reader.hash.hexdigest(),
-                     tuple(sorted(os.path.relpath(p, real) for p in applied.implicit)))
+    diff_id = name if reader.hash is None else "sha256:" + reader.hash.hexdigest()
+    return Extracted(diff_id, tuple(sorted(os.path.relpath(p, real) for p in applied.implicit)))
 
 
 def needs_lowers(root: str, implicit: Iterable[str], lowers: Sequence[str]) -> bool:

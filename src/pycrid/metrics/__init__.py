@@ -55,6 +55,14 @@ class CoreCollector(Collector):
         out: list[Metric] = [pods, ctrs, GaugeMetricFamily(
             "pycrid_nri_plugins_connected", "NRI plugins registered and synchronised.",
             value=connected)]
+        last = GaugeMetricFamily(
+            "pycrid_image_last_pull_bytes", "What the last pull of each image present cost, "
+            "in bytes: fetched from registries, reused from the node, skipped (partial "
+            "pulls).", labels=["image", "kind"])
+        for image, report in core.images.pull_reports.items():
+            for kind in ("fetched", "reused", "skipped"):
+                last.add_metric([image, kind], getattr(report, kind))
+        out.append(last)
         if core.recovery_seconds is not None:
             out.append(GaugeMetricFamily(
                 "pycrid_recovery_duration_seconds",
@@ -89,6 +97,12 @@ class Metrics:
                                    registry=r)
         self.image_pull_bytes = Counter("pycrid_image_pull_bytes",
                                         "Bytes downloaded from registries by pulls.", registry=r)
+        self.image_pull_reused_bytes = Counter(
+            "pycrid_image_pull_reused_bytes",
+            "File bytes partial pulls took from layers already on the node.", registry=r)
+        self.image_pull_skipped_bytes = Counter(
+            "pycrid_image_pull_skipped_bytes",
+            "Bytes of partially pulled layer blobs that were not downloaded.", registry=r)
         self.image_pull_duration = Histogram(
             "pycrid_image_pull_duration_seconds", "Image pull latency (successful and not).",
             buckets=PULL_BUCKETS, registry=r)
@@ -133,6 +147,10 @@ class Metrics:
 
     def pull_bytes(self, n: int) -> None:
         self.image_pull_bytes.inc(n)
+
+    def pull_saved(self, reused: int, skipped: int) -> None:
+        self.image_pull_reused_bytes.inc(reused)
+        self.image_pull_skipped_bytes.inc(skipped)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of everything."""

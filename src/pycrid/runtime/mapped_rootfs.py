@@ -176,23 +176,26 @@ def remapped_parent(snapshotter: Snapshotter, parent: str | None, idmap: IDMap,
 def chown_tree(root: str, idmap: IDMap) -> None:
     """Every file under ``root`` (links themselves, never followed) to the host ids its
     ids have in the pod; set-id bits, which chown clears, are put back. A file with
-    several names is changed once (where overlayfs keeps hard links on copy-up, its
-    second name would already show the host ids)."""
+    several names is changed once where that changes every name (a plain directory);
+    through overlayfs (``index=off``, pycrid's mounts) a chown copies one name up and the
+    other names still show the lower file, so each is changed in its turn (image layers
+    have hard links of their own, and partial pulls with ``use_hard_links`` add some)."""
     done: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root):
         for name in [".", *dirnames, *filenames] if dirpath == root else \
                 [*dirnames, *filenames]:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
-            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                if (st.st_dev, st.st_ino) in done:
-                    continue
-                done.add((st.st_dev, st.st_ino))
+            linked = st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode)
+            if linked and (st.st_dev, st.st_ino) in done:
+                continue
             uid, gid = idmap.uid(st.st_uid), idmap.gid(st.st_gid)
             if uid is None or gid is None:
                 raise FailedPrecondition(
                     f"{os.path.relpath(path, root)} in the image is owned by "
                     f"{st.st_uid}:{st.st_gid}, outside the pod's user namespace mappings")
             os.lchown(path, uid, gid)
+            if linked and os.lstat(path).st_ino == st.st_ino:
+                done.add((st.st_dev, st.st_ino))  # changed in place: every name shows it
             if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                 os.chmod(path, stat.S_IMODE(st.st_mode))
