@@ -90,9 +90,10 @@ def _set_xattrs(path: str | int, info: tarfile.TarInfo) -> None:
                 log.warning("layer entry %s: cannot set xattr %s: %s", info.name, name, e)
 
 
-#: Puts a regular file at its (resolved, free) path itself, taking its data from the
-#: stream, and says so; False lets the unpacker write it. A partial pull shares files
-#: the node has this way (images/partial/materialize.py).
+#: Puts a regular file at its resolved path itself, taking its data from the stream, and
+#: says so; False lets the unpacker write it (also when the name is taken already: an
+#: earlier entry of the layer). A partial pull shares files the node has this way
+#: (images/partial/materialize.py).
 FilePlacer = Callable[[tarfile.TarInfo, str, "TarStream"], bool]
 
 
@@ -150,10 +151,10 @@ def _apply_entry(res: Resolver, tf: tarfile.TarFile, src: TarStream, info: tarfi
     # The parent is a real path inside the root, never "/" itself.
     path = res.parent(rel_dir, create=True) + "/" + base
     if info.isreg():
-        if place is not None and not info.issparse():
-            _remove(res, path)  # the placer links or writes at a free name
-            if place(info, path, src):
-                return info.size  # its metadata is the shared file's, already the entry's
+        # The placer links only at a free name (a name an earlier entry took is left to
+        # the write below, which replaces it).
+        if place is not None and not info.issparse() and place(info, path, src):
+            return info.size  # its metadata is the shared file's, already the entry's
         # Most entries: made with O_EXCL (nothing there is ever followed or reused), the
         # rest through the descriptor, so no name is looked up again.
         fd = _create(res, path)

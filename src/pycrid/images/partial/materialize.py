@@ -119,8 +119,10 @@ class _Placer:
         try:
             link_fd(fd, path)
         except OSError as e:
-            if e.errno in (errno.EMLINK, errno.EXDEV, errno.EPERM):
-                return False  # too many links, another file system: a copy then
+            if e.errno in (errno.EMLINK, errno.EXDEV, errno.EPERM, errno.EEXIST):
+                # too many links, another file system, a name an earlier entry of the
+                # layer took: a copy then
+                return False
             raise
         left = info.size
         while left:  # the bytes still count for the diff id, and are checked

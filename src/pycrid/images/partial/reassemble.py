@@ -20,12 +20,32 @@ import zstandard
 from isal import igzip
 
 from pycrid.errors import DataLoss
+from pycrid.host.mounts import open_no_symlinks
 from pycrid.images.layer_tar import CODEC_ERRORS
-from pycrid.images.partial.layout import FileData, Layout
-from pycrid.images.partial.plan import Dirs, Local, Plan
+from pycrid.images.partial.layout import FileData, Layout, clean
+from pycrid.images.partial.plan import Local, Plan
 from pycrid.images.partial.ranges import Range
 
 CHUNK = 1 << 20
+
+
+class Dirs:
+    """Open layer directories (O_PATH), so files are opened under them with one syscall."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def open(self, root: str, path: str) -> int:
+        """``path`` under ``root``, read-only, through no symlink (open_no_symlinks)."""
+        fd = self._fds.get(root)
+        if fd is None:
+            fd = self._fds[root] = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return open_no_symlinks(fd, clean(path))
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 class LocalMismatch(DataLoss):
@@ -115,6 +135,19 @@ class _Span:
         return len(data)
 
 
+class _FdReader:
+    """Reads the open file ``fd`` (closed by its owner, not here)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def read(self, n: int = -1) -> bytes:
+        return os.read(self._fd, CHUNK if n < 0 else n)
+
+    def close(self) -> None:
+        pass
+
+
 class Reassembled:
     """The tar stream (``read``), and where the file now being read comes from (for the
     unpacker's placer: ``local_fd``)."""
@@ -198,7 +231,7 @@ class Reassembled:
         st = os.fstat(self._fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != p.size:
             raise self._bad(src, "is not a regular file of the expected size")
-        self._src = os.fdopen(os.dup(self._fd), "rb", buffering=0)
+        self._src = _FdReader(self._fd)
 
     def _file_bytes(self, p: FileData, n: int) -> bytes:
         if self._src is None:
