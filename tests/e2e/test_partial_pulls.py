@@ -169,7 +169,9 @@ def test_kill_during_a_partial_pull_leaves_nothing_half_made(
         v1_layers = layer_dirs(d, apps.ref("v1"))
         sums = {p: hashlib.sha256(p.read_bytes()).hexdigest()
                 for layer in v1_layers for p in layer.rglob("*") if p.is_file()}
-        v1_index = indexed_layers(d)
+    # Indexing follows the pull, and a clean stop lets it finish.
+    v1_index = indexed_layers(d)
+    assert v1_index, "v1's zstd:chunked layers were not indexed"
     with running_daemon(str(tmp_path), text, env={"PYCRID_FAILPOINTS": f"{point}:kill"}) as d:
         with pytest.raises(grpc.RpcError) as e:
             d.client.pull(apps.ref("v2"))

@@ -301,7 +301,7 @@ class ImageFetcher:
             raise
         done.set()
         if self.partial is not None:  # after: the layers above need not wait for it
-            await self.partial.committed(chain_id, layer)
+            self.partial.committed(chain_id, layer)
 
     async def _settled(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A short blocking call (snapshotter, metadata) in the default executor, finished

@@ -88,18 +88,20 @@ class ImageService:
         #: The service's background tasks (a collection that outlives the pull that
         #: asked for it); closed with the service.
         self.owner = owner if owner is not None else Owner("images")
+        self._collector = GarbageCollector(
+            store=store, content=content, snapshotter=snapshotter, owner=self.owner,
+            prune=files.retain if files is not None else None)
         #: Partial pulls, when on and the daemon keeps a file index (None: whole layers).
+        #: Its indexing after a pull holds off collections as a pull does.
         self.partial = PartialPuller(
             client=client, index=files, snapshotter=snapshotter, content=content,
-            config=config) if files is not None and config.enable_partial_images else None
+            config=config, owner=self.owner, guard=self._collector.pulling,
+        ) if files is not None and config.enable_partial_images else None
         if self.partial is not None and metrics is not None:
             self.partial.count_bytes = metrics.pull_bytes
         self._fetcher = ImageFetcher(content=content, snapshotter=snapshotter, client=client,
                                      config=config, platform=self.platform,
                                      metrics=_Reported(metrics), partial=self.partial)
-        self._collector = GarbageCollector(
-            store=store, content=content, snapshotter=snapshotter, owner=self.owner,
-            prune=files.retain if files is not None else None)
         #: The daemon's pull counts, bytes and durations (None: not recorded).
         self.metrics = metrics
         #: Annotation keys of an index or manifest, by digest (what a digest holds never
@@ -202,6 +204,7 @@ class ImageService:
         await self.client.close()
         self._fetcher.close()
         if self.partial is not None:
+            await self.partial.indexed()  # a few milliseconds a layer: not lost at a stop
             self.partial.close()
         await self.owner.aclose()
 
@@ -314,8 +317,11 @@ class ImageService:
     async def gc(self) -> tuple[int, int]:
         """Delete content and snapshots no image refers to; deferred while pulls run.
 
-        Returns (blobs removed, snapshots removed); (0, 0) when deferred.
+        Returns (blobs removed, snapshots removed); (0, 0) when deferred. The indexing
+        that follows a pull (a few milliseconds a layer) is waited for, not deferred to.
         """
+        if self.partial is not None:
+            await self.partial.indexed()
         return await self._collector.gc()
 
 

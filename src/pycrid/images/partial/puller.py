@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,7 +45,7 @@ from pycrid.images.reference import Reference
 from pycrid.images.snapshots import Kind, Snapshotter
 from pycrid.images.threads import ChunkPipe, run_settled, settle
 from pycrid.images.unpack import Extracted
-from pycrid.tasks import race
+from pycrid.tasks import Owner, race
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,14 @@ class Scratch:
 
 class PartialPuller:
     def __init__(self, *, client: RegistryClient, index: FileIndex, snapshotter: Snapshotter,
-                 content: ContentStore, config: ImagesConfig) -> None:
+                 content: ContentStore, config: ImagesConfig, owner: Owner,
+                 guard: Callable[[], AbstractAsyncContextManager[None]]) -> None:
         self.client, self.index, self.snapshotter = client, index, snapshotter
         self.content, self.config = content, config
+        #: Indexing runs after the layer's commit, off the pull's path, under ``guard``
+        #: (no collection meanwhile); a partial attempt waits for what is still indexed.
+        self._indexing = owner.child("file index")
+        self._guard = guard
         self._executor = ThreadPoolExecutor(max_workers=config.max_concurrent_downloads,
                                             thread_name_prefix="partial")
         #: What to index once a layer is committed, by chain id.
@@ -103,6 +109,7 @@ class PartialPuller:
         if fmt is None:
             return None
         self._remember(job.chain_id, fmt)
+        await self.indexed()
         report = pull_report.current()
         if report.nothing_indexed is None:
             report.nothing_indexed = await self._thread(self.index.is_empty)
@@ -212,21 +219,42 @@ class PartialPuller:
         while len(self._pending) > _KEEP:
             self._pending.popitem(last=False)
 
-    async def committed(self, chain_id: str, layer: oci.Descriptor) -> None:
+    def committed(self, chain_id: str, layer: oci.Descriptor) -> None:
         """Layer ``chain_id`` is committed: record its files for later pulls (those of a
-        layer with a TOC unpacked from its blob, too)."""
+        layer with a TOC unpacked from its blob, too), in the background: the pull does not
+        wait for it (reading a TOC and writing a thousand rows is a tenth of a cold pull of
+        such a layer), the next partial attempt does (``indexed``)."""
         what = self._pending.pop(chain_id, None)
-        try:
-            if what is None:
+        if what is None:
+            try:
                 what = formats.detect(layer)
-                if what is None or not self.content.exists(layer.digest):
-                    return
-            rows = what if isinstance(what, list) else \
-                await self._thread(what.rows, self.content.path(layer.digest))
-            await self._thread(self.index.add, chain_id, rows)
+            except Unusable:
+                return
+            if what is None:
+                return
+        if not self._indexing.closed:
+            self._indexing.spawn(self._index(chain_id, layer, what), f"index {chain_id}")
+
+    async def _index(self, chain_id: str, layer: oci.Descriptor,
+                     what: Rows | formats.Format) -> None:
+        try:
+            async with self._guard():
+                if await self._thread(self._committed_dir, chain_id) is None:
+                    return  # collected before this could start
+                rows = what if isinstance(what, list) else \
+                    await self._thread(what.rows, self.content.path(layer.digest))
+                await self._thread(self.index.add, chain_id, rows)
+        except FileNotFoundError:
+            pass  # its blob was collected meanwhile (a failed pull): nothing to reuse
         except Exception as e:  # the layer is fine: later pulls just cannot reuse it
             log.warning("layer %s: its files are not indexed for partial pulls: %s",
                         layer.digest, e)
+
+    async def indexed(self) -> None:
+        """Wait for the indexing under way (a failure is logged by its task)."""
+        pending = self._indexing.tasks()
+        if pending:
+            await asyncio.wait(pending)
 
     def prune(self, committed: set[str]) -> None:
         """Snapshots not in ``committed`` are gone: forget their files."""
