@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,3 +200,29 @@ def test_names_a_container_is_checked_under() -> None:
     both = parse_reference(f"q.io/app:v1@{digest}")
     assert intended(both) == Named("q.io/app", None, digest)
     assert intended(parse_reference("q.io/app")) == Named("q.io/app", "latest", None)
+
+
+_NO_CRYPTO = """
+import asyncio, sys
+from pycrid.images.policy.enforcer import PolicySettings, SignaturePolicy
+from pycrid.images.reference import parse_reference
+import pycrid.builtins, pycrid.images.image_service
+
+class Source:
+    async def fetch(self, *a):
+        raise AssertionError("insecureAcceptAnything reads no signature")
+
+open(sys.argv[1], "w").write('{"default": [{"type": "insecureAcceptAnything"}]}')
+p = SignaturePolicy(PolicySettings(policy_path=sys.argv[1], optional=False), Source())
+asyncio.run(p.check_pull(parse_reference("example.com/a:1"), "sha256:" + "a" * 64, None))
+print(sorted(m for m in sys.modules if m.split(".")[0] == "cryptography"))
+"""
+
+
+def test_no_cryptography_until_a_signature_is_checked(tmp_path: Path) -> None:
+    # A fresh interpreter (this one has loaded it elsewhere): the cryptography behind the
+    # checks costs the daemon about 9 MiB, paid only when a signature is checked.
+    out = subprocess.run([sys.executable, "-c", _NO_CRYPTO, str(tmp_path / "policy.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -14,9 +14,10 @@ import pytest
 
 from pycrid.images.policy import payload as pl
 from pycrid.images.policy.config import parse_policy
-from pycrid.images.policy.evaluate import Verdict, evaluate, needs_signatures
+from pycrid.images.policy.evaluate import evaluate
 from pycrid.images.policy.names import parse_named
 from pycrid.images.policy.trust import FileTrust
+from pycrid.images.policy.verdict import Verdict, needs_signatures
 from tests.support.signing import Fulcio, GnuPG, SigstoreKey, claim
 
 D = "sha256:" + "c" * 64

@@ -3,13 +3,15 @@ RSA PKCS#1 v1.5 or Ed25519, as sigstore's ``LoadVerifier`` picks by key type."""
 
 from __future__ import annotations
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature as CryptoInvalid
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+from typing import TYPE_CHECKING, TypeGuard
 
-PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
+if TYPE_CHECKING:
+    # Imported where a key is used: the cryptography package costs the daemon about 9 MiB,
+    # which a node that checks no signature should not pay.
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+    PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
 
 
 class KeyMaterialError(ValueError):
@@ -32,6 +34,10 @@ def _first_pem(data: bytes) -> tuple[str, bytes]:
 
 def load_public_key(data: bytes) -> PublicKey:
     """The public key in ``data`` (``PUBLIC KEY`` or ``RSA PUBLIC KEY`` PEM)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
     label, block = _first_pem(data)
     try:
         if label in ("PUBLIC KEY", "RSA PUBLIC KEY"):
@@ -48,6 +54,8 @@ def load_public_key(data: bytes) -> PublicKey:
 
 def load_certificates(data: bytes) -> list[x509.Certificate]:
     """Every certificate in a PEM bundle; KeyMaterialError when there is none or one is bad."""
+    from cryptography import x509
+
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError as e:
@@ -59,6 +67,10 @@ def load_certificates(data: bytes) -> list[x509.Certificate]:
 
 def verify(key: PublicKey, signature: bytes, message: bytes) -> bool:
     """Whether ``signature`` is ``key``'s over ``message`` (SHA-256)."""
+    from cryptography.exceptions import InvalidSignature as CryptoInvalid
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+
     try:
         if isinstance(key, ec.EllipticCurvePublicKey):
             key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
@@ -71,6 +83,16 @@ def verify(key: PublicKey, signature: bytes, message: bytes) -> bool:
     return True
 
 
+def is_public_key(key: object) -> TypeGuard[PublicKey]:
+    """Whether ``key`` is of a type :func:`verify` handles."""
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+    return isinstance(key, ec.EllipticCurvePublicKey | rsa.RSAPublicKey
+                      | ed25519.Ed25519PublicKey)
+
+
 def pem_of(key: PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.PEM,
                             serialization.PublicFormat.SubjectPublicKeyInfo)

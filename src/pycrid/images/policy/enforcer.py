@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pycrid.errors import InvalidArgument, PycridError, RegistryUnavailable
 from pycrid.errors import SignatureValidationFailed as Refused
@@ -27,12 +27,15 @@ from pycrid.images.auth import Credentials
 from pycrid.images.policy import payload as pl
 from pycrid.images.policy import registries_d as rd
 from pycrid.images.policy.config import Policy, parse_policy
-from pycrid.images.policy.evaluate import Verdict, evaluate, needs_signatures
 from pycrid.images.policy.names import Named, parse_named
 from pycrid.images.policy.sources import SignatureSource
-from pycrid.images.policy.trust import FileTrust, Stamp, stamp_of
+from pycrid.images.policy.stamps import Stamp, stamp_of
+from pycrid.images.policy.verdict import Verdict, needs_signatures
 from pycrid.images.reference import Reference, parse_reference
 from pycrid.store.signature_records import SignatureStore
+
+if TYPE_CHECKING:
+    from pycrid.images.policy.trust import FileTrust
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,10 @@ class SignaturePolicy:
         self.settings = settings
         self.source = source
         self.store = store
-        self.trust = trust or FileTrust()
+        #: Made at the first evaluation: the cryptography behind it costs the daemon about
+        #: 9 MiB, which a node without a policy (or with none that checks a signature)
+        #: should not pay.
+        self.trust = trust
         self._files: dict[str, tuple[Stamp, Policy]] = {}
         self._regd: tuple[tuple[tuple[str, Stamp | None], ...], rd.RegistriesD] | None = None
         self._verdicts: dict[tuple[Any, ...], tuple[Verdict, tuple[tuple[str, Stamp | None],
@@ -192,6 +198,10 @@ class SignaturePolicy:
             hit = self._verdicts.get(key)
             if hit is not None and all(stamp_of(p) == s for p, s in hit[1]):
                 return hit[0]
+        if self.trust is None:
+            from pycrid.images.policy.trust import FileTrust
+            self.trust = FileTrust()
+        from pycrid.images.policy.evaluate import evaluate
         trust = self.trust.session()
         verdict = await asyncio.to_thread(evaluate, policy, named, digest, sigs, trust)
         if key is not None:

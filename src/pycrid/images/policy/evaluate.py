@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from pycrid.images.policy import crypto_keys as ck
@@ -29,6 +28,7 @@ from pycrid.images.policy.config import (
     Requirement,
 )
 from pycrid.images.policy.names import Named, matches
+from pycrid.images.policy.verdict import Verdict
 
 
 class Trust(Protocol):
@@ -46,20 +46,6 @@ class Trust(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Verdict:
-    allowed: bool
-    policy: str
-    #: The scope of ``transports.docker`` that applied; None for ``default``.
-    scope: str | None
-    #: Why it was refused (empty when allowed).
-    reason: str = ""
-
-    @property
-    def scope_text(self) -> str:
-        return "default" if self.scope is None else f'transports.docker["{self.scope}"]'
-
-
 def evaluate(policy: Policy, ref: Named, digest: str, sigs: Sequence[pl.Signature],
              trust: Trust) -> Verdict:
     """The verdict of ``policy`` on image ``ref`` whose manifest (or index) is ``digest``."""
@@ -69,12 +55,6 @@ def evaluate(policy: Policy, ref: Named, digest: str, sigs: Sequence[pl.Signatur
         if reason:
             return Verdict(False, policy.path, scope, reason)
     return Verdict(True, policy.path, scope)
-
-
-def needs_signatures(policy: Policy, ref: Named) -> bool:
-    """Whether any requirement of ``ref``'s scope looks at signatures."""
-    return any(r.type not in (INSECURE, REJECT, BASE_LAYER)
-               for r in policy.requirements_for(ref)[1])
 
 
 def _refusal(req: Requirement, ref: Named, digest: str, sigs: Sequence[pl.Signature],

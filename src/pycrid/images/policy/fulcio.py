@@ -149,6 +149,6 @@ def verify_fulcio(ca_pem: bytes, issuer: str, email: str, cert_pem: bytes, chain
     if email not in emails:
         raise InvalidSignature(f"required email {email!r} not found (got {emails})")
     key = leaf.public_key()
-    if not isinstance(key, ck.PublicKey):
+    if not ck.is_public_key(key):
         raise InvalidSignature("the certificate's key type is not supported")
     return key

@@ -9,25 +9,16 @@ files it depended on.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 
 from pycrid.images.policy import crypto_keys as ck
-from pycrid.images.policy import fulcio, gpg, rekor
+from pycrid.images.policy import gpg
 from pycrid.images.policy import payload as pl
 from pycrid.images.policy.config import Requirement
+from pycrid.images.policy.stamps import Stamp, stamp_of
 
-Stamp = tuple[int, int, int, int]
 MAX_KEY_FILE = 1 << 20
-
-
-def stamp_of(path: str) -> Stamp | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class FileTrust:
@@ -64,6 +55,10 @@ class FileTrust:
         return gpg.verify(keyrings, blob, self.gpgv)
 
     def keyless(self, req: Requirement, sig: pl.Sigstore, b64sig: str) -> ck.PublicKey:
+        # Here, not at the top: fulcio and rekor load the cryptography package (about 9 MiB),
+        # which a node that verifies no keyless signature need not hold.
+        from pycrid.images.policy import fulcio, rekor
+
         assert req.fulcio is not None
         bundle = sig.annotations.get(pl.BUNDLE_ANNOTATION)
         cert = sig.annotations.get(pl.CERTIFICATE_ANNOTATION)
