@@ -206,19 +206,46 @@ RUNSC_UNSUPPORTED: dict[str, str] = {
 }
 
 
+#: critest's specs that fetch a page from its web server image (here the interop folder's
+#: stand-in, which reads the request in a child forked per connection, with a 10 s
+#: SO_RCVTIMEO). Under runsc 20221219 with the host's network (how pycrid runs it) such a
+#: read returns at once, empty, when the request comes later than the connect (gVisor's
+#: bug, see tests/e2e/test_runsc.py), and the server answers 404 without reading a request.
+#: Through a port-forward the request always comes a round trip after the connect (the
+#: runtime dials when the client's streams arrive, as containerd does; the client sends
+#: once they are answered); a direct request comes late when the machine is busy (seen in
+#: a packet capture: the 404 left the pod 1.8 ms after the handshake, before any request
+#: byte). So these specs pass or fail by timing under gVisor: that 404 is tolerated, any
+#: other failure of them is not. tests/e2e/test_runsc.py forwards ports under runsc with
+#: a server that reads without the race.
+WEB_SERVER_SPECS = frozenset({
+    "runtime should support portforward [Conformance]",
+    "runtime should support portforward in host network",
+    "runtime should support port mapping with only container port [Conformance]",
+    "runtime should support port mapping with host port and container port [Conformance]",
+})
+_EMPTY_READ_ANSWER = "<int>: 404"
+
+
 @pytest.mark.timeout(1500)
 def test_critest_runsc(tmp_path: Path, registry: LocalRegistry) -> None:
     """critest again with ``--runtime-handler=runsc`` (the handler pycrid offers when runsc
     is installed): every spec that passes under runc passes under gVisor, except those
     whose feature gVisor itself does not provide (RUNSC_UNSUPPORTED, each with the
-    reason)."""
+    reason), and the web server specs gVisor's read race may fail (WEB_SERVER_SPECS)."""
     interop.require("critest")
     if shutil.which("runsc") is None:
         pytest.skip("runsc (gVisor) is not installed: apt-get install runsc")
     nri = nri_paths(str(tmp_path / "d"))["socket_path"]
     run = run_critest(tmp_path, registry, "--runtime-handler=runsc", f"--nri-socket={nri}",
                       timeout=1400)
-    problems = run.problems(RUNSC_UNSUPPORTED)
+    # The gVisor bug of WEB_SERVER_SPECS, not pycrid's: tolerated with exactly its
+    # signature (any other failure of those specs fails the test).
+    raced = {s["leaf"] for s in run.specs if s["state"] == "failed"
+             and s["leaf"] in WEB_SERVER_SPECS and _EMPTY_READ_ANSWER in s["message"]}
+    for leaf in sorted(raced):
+        print(f"tolerated: the stand-in web server answered 404 under gVisor: {leaf}")
+    problems = run.problems(set(RUNSC_UNSUPPORTED) | raced)
     problems += [f"listed as unsupported under gVisor but passed: {leaf}"
                  for leaf in RUNSC_UNSUPPORTED
                  if any(s["leaf"] == leaf and s["state"] == "passed" for s in run.specs)]
