@@ -137,21 +137,8 @@ class RegistryClient:
     async def _ranges(
         self, ref: Reference, desc: Descriptor, creds: Credentials | None, ranges: str
     ) -> AsyncIterator[RangeAnswer]:
-        headers = {"Accept": "*/*", "Range": ranges}
-        limits = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
-                                       sock_read=self.timeout)
-
-        async def one(h: RegistryHost) -> tuple[aiohttp.ClientResponse, RegistryHost]:
-            url = _url(h, ref, f"blobs/{desc.digest}")
-            resp = await self._http.request(h, ref, "GET", url, headers, creds, limits)
-            if resp.status in (200, 206):
-                return resp, h
-            try:
-                await fail(resp, h, ref, "blob", desc.digest)
-            finally:
-                resp.release()
-
-        resp, host = await self._each_host(ref, CAP_PULL, one)
+        resp, host = await self._get_blob(ref, desc, creds, {"Accept": "*/*", "Range": ranges},
+                                          lambda status: status in (200, 206))
         try:
             yield RangeAnswer(resp.status, resp.headers.get("Content-Type", ""),
                               resp.headers.get("Content-Range", ""),
@@ -184,20 +171,9 @@ class RegistryClient:
         headers = {"Accept": "*/*"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
-        limits = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
-                                       sock_read=self.timeout)
-
-        async def one(h: RegistryHost) -> tuple[aiohttp.ClientResponse, RegistryHost]:
-            url = _url(h, ref, f"blobs/{desc.digest}")
-            resp = await self._http.request(h, ref, "GET", url, headers, creds, limits)
-            if resp.status == 200 or (offset and resp.status == 206):
-                return resp, h
-            try:
-                await fail(resp, h, ref, "blob", desc.digest)
-            finally:
-                resp.release()
-
-        resp, host = await self._each_host(ref, CAP_PULL, one)
+        resp, host = await self._get_blob(
+            ref, desc, creds, headers,
+            lambda status: status == 200 or bool(offset and status == 206))
         # A registry that ignored the Range answers 200 with the whole blob: skip ahead.
         skip = offset if resp.status == 200 else 0
         chunks = self._chunks(resp, host, ref, desc, offset, skip)
@@ -206,6 +182,27 @@ class RegistryClient:
         finally:
             await chunks.aclose()
             resp.close()
+
+    async def _get_blob(
+        self, ref: Reference, desc: Descriptor, creds: Credentials | None,
+        headers: dict[str, str], ok: Callable[[int], bool],
+    ) -> tuple[aiohttp.ClientResponse, RegistryHost]:
+        """GET blob ``desc`` from the first host that answers with a status ``ok`` takes
+        (its response open, and the host); any other answer is that host's failure."""
+        limits = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout,
+                                       sock_read=self.timeout)
+
+        async def one(h: RegistryHost) -> tuple[aiohttp.ClientResponse, RegistryHost]:
+            url = _url(h, ref, f"blobs/{desc.digest}")
+            resp = await self._http.request(h, ref, "GET", url, headers, creds, limits)
+            if ok(resp.status):
+                return resp, h
+            try:
+                await fail(resp, h, ref, "blob", desc.digest)
+            finally:
+                resp.release()
+
+        return await self._each_host(ref, CAP_PULL, one)
 
     async def _chunks(
         self, resp: aiohttp.ClientResponse, h: RegistryHost, ref: Reference, desc: Descriptor,
