@@ -134,7 +134,8 @@ def _signature_policy(config: ImagesConfig, db: Any, client: Any, hosts: Any) ->
     """The signature policy part: the files are read at each pull, but a configured policy
     that is not there stops start-up (the default path may be absent: no verification)."""
     from pycrid.config.decode import ConfigError
-    from pycrid.images.policy.enforcer import DEFAULT_POLICY, PolicySettings, SignaturePolicy
+    from pycrid.config.images_schema import DEFAULT_POLICY
+    from pycrid.images.policy.enforcer import PolicySettings, SignaturePolicy
     from pycrid.images.policy.sources import SignatureSource
     from pycrid.store.signature_records import SignatureStore
 

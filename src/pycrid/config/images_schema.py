@@ -8,6 +8,11 @@ from dataclasses import dataclass
 
 from pycrid.config.decode import Duration, abs_or_empty, at_least, cfg, one_of
 
+#: Where containers/image (and CRI-O) look: the signature keys' defaults.
+DEFAULT_POLICY = "/etc/containers/policy.json"
+DEFAULT_POLICY_DIR = "/etc/pycrid/policies"
+DEFAULT_REGISTRIES_D = "/etc/containers/registries.d"
+
 
 @dataclass
 class RegistryConfig:
@@ -39,17 +44,17 @@ class ImagesConfig:
         "image chowned to their ids instead of refusing them (containerd's overlayfs\n"
         "snapshotter key: the copy costs the image's size per set of mappings).")
     signature_policy: str = cfg(
-        "/etc/containers/policy.json",
+        DEFAULT_POLICY,
         "containers-policy.json(5) deciding which images may be pulled and run (sigstore\n"
         "and GPG signatures, per registry and repository). Re-read when it changes. At\n"
         "this default path a missing file means no verification; another path must exist\n"
         "at start-up. Empty: no verification.", abs_or_empty)
     signature_policy_dir: str = cfg(
-        "/etc/pycrid/policies",
+        DEFAULT_POLICY_DIR,
         "<namespace>.json here replaces signature_policy for pulls and containers of pods\n"
         "in that namespace (CRI-O's signature_policy_dir).", abs_or_empty)
     registries_d: str = cfg(
-        "/etc/containers/registries.d",
+        DEFAULT_REGISTRIES_D,
         "containers-registries.d(5): where signatures live (use-sigstore-attachments,\n"
         "lookaside), per registry and namespace.", abs_or_empty)
     enable_partial_images: bool = cfg(

@@ -97,11 +97,12 @@ class ImageService:
             client=client, index=files, snapshotter=snapshotter, content=content,
             config=config, owner=self.owner, guard=self._collector.pulling,
         ) if files is not None and config.enable_partial_images else None
-        if self.partial is not None and metrics is not None:
-            self.partial.count_bytes = metrics.pull_bytes
+        reported = _Reported(metrics)
+        if self.partial is not None:
+            self.partial.count_bytes = reported.pull_bytes
         self._fetcher = ImageFetcher(content=content, snapshotter=snapshotter, client=client,
                                      config=config, platform=self.platform,
-                                     metrics=_Reported(metrics), partial=self.partial)
+                                     metrics=reported, partial=self.partial)
         #: The daemon's pull counts, bytes and durations (None: not recorded).
         self.metrics = metrics
         #: Annotation keys of an index or manifest, by digest (what a digest holds never

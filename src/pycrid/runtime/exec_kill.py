@@ -22,6 +22,8 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pycrid.runtime.monitors import read_pid_file
+
 #: After its process was killed, how long runc may take to reap it and exit before it
 #: is killed too.
 KILL_GRACE = 5.0
@@ -51,7 +53,7 @@ async def kill_exec(pid_path: str, proc: asyncio.subprocess.Process,
     if stop is not None:
         with contextlib.suppress(Exception):
             await stop()
-    started = read_exec_pid(pid_path)
+    started = read_pid_file(pid_path) or None
     if started is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGSTOP)
@@ -72,14 +74,6 @@ async def kill_exec(pid_path: str, proc: asyncio.subprocess.Process,
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
-
-
-def read_exec_pid(pid_path: str) -> int | None:
-    try:
-        with open(pid_path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _kill_all(pids: set[int]) -> None:

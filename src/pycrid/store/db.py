@@ -217,6 +217,11 @@ class Database:
                              " ORDER BY at DESC, rowid DESC").fetchall()
         return [Started(release=r[0], commit=r[1], at=r[2]) for r in rows]
 
+    def last_started(self) -> str:
+        """Which release last started on this state, for a message ("" when none did)."""
+        last = self.releases()
+        return last[0].describe() if last else ""
+
     def migrate(self, component: str, migrations: Sequence[Migration]) -> None:
         """Bring ``component``'s tables to ``len(migrations)``; version N means N applied.
 
@@ -254,8 +259,8 @@ class Database:
                       target)
 
     def _newer_message(self, component: str, current: int, oldest: int, target: int) -> str:
-        last = self.releases()
-        by = f"; {last[0].describe()} last started on it" if last else ""
+        last = self.last_started()
+        by = f"; {last} last started on it" if last else ""
         return (f"metadata database {self.path}: the state of {component!r} is schema "
                 f"version {current}{by}; a reader of version {oldest} or newer is needed, and "
                 f"this pycrid ({release.VERSION}) reads up to version {target}, so it refuses "

@@ -242,8 +242,8 @@ class RecordStore(Generic[R]):
 
 
 def _unreadable_message(db: Database, table: str, broken: list[str]) -> str:
-    last = db.releases()
-    by = f" ({last[0].describe()} last started on it)" if last else ""
+    last = db.last_started()
+    by = f" ({last} last started on it)" if last else ""
     return (f"metadata database {db.path}{by}: {len(broken)} record(s) of table {table} "
             f"cannot be read: {'; '.join(broken)}. Start-up stops: the objects may be "
             f"running, and a runtime that did not list them would have the kubelet start "

@@ -31,6 +31,7 @@ from pycrid.runtime.container_bundles import (
     VolumeImage,
 )
 from pycrid.runtime.interface import CreateOptions
+from pycrid.store.image_records import ImageRecord
 from pycrid.store.records import ContainerPhase, ContainerRecord, SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -103,19 +104,17 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
     if image is None:
         raise NotFound(f"image {config.image.image!r} not found: pull it first")
     view = parts.images.view(image)
-    volume_images = _volume_images(parts, config)
+    volume_images, volume_records = _volume_images(parts, config)
     # The pod namespace's signature policy, with the signatures kept from the pull (CRI-O
     # checks at create too): an image pulled for another namespace, or under an older
     # policy, runs only if this one accepts it.
     namespace = sandbox.config.metadata.namespace
     await parts.images.check_run(image, [config.image.user_specified_image,
                                          config.image.image], namespace)
-    for m in config.mounts:
-        if is_image_mount(m):
-            vol = parts.images.resolve_local(m.image.image)
-            if vol is not None:
-                await parts.images.check_run(vol, [m.image.user_specified_image,
-                                                   m.image.image], namespace)
+    for i, vol in volume_records.items():
+        m = config.mounts[i]
+        await parts.images.check_run(vol, [m.image.user_specified_image, m.image.image],
+                                     namespace)
     image_config = json.loads(parts.images.content.read(image.id))
     md, pmd = config.metadata, sandbox.config.metadata
     name = f"{md.name}_{pmd.name}_{pmd.namespace}_{pmd.uid}_{md.attempt}"
@@ -199,11 +198,13 @@ def create_options(parts: ContainerParts, rec: ContainerRecord,
         runtime_handler=sandbox.runtime_handler)
 
 
-def _volume_images(parts: ContainerParts, config: pb.ContainerConfig) -> dict[int, VolumeImage]:
-    """The image of each image volume, by mount index, checked before any side effect:
-    the kubelet pulls them first, so a missing one is NotFound (containerd resolves
-    them locally too)."""
+def _volume_images(parts: ContainerParts, config: pb.ContainerConfig
+                   ) -> tuple[dict[int, VolumeImage], dict[int, ImageRecord]]:
+    """The image of each image volume, by mount index (what the bundle shows, and its
+    record for the signature check), checked before any side effect: the kubelet pulls
+    them first, so a missing one is NotFound (containerd resolves them locally too)."""
     found: dict[int, VolumeImage] = {}
+    records: dict[int, ImageRecord] = {}
     for i, m in enumerate(config.mounts):
         if not is_image_mount(m):
             continue
@@ -213,7 +214,8 @@ def _volume_images(parts: ContainerParts, config: pb.ContainerConfig) -> dict[in
             raise NotFound(f"{IMAGE_VOLUME_FAILED}: mount {m.container_path!r}: image "
                            f"{m.image.image!r} not found: pull it first")
         found[i] = VolumeImage(img.id, img.chain[-1])
-    return found
+        records[i] = img
+    return found, records
 
 
 def _target_pid(parts: ContainerParts, config: pb.ContainerConfig,

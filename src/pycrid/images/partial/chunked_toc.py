@@ -18,13 +18,13 @@ and the tar-split once its bytes match ``tarSplitDigest``. Every shape check fai
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 
+from pycrid.images.mediatypes import sha256_digest
 from pycrid.images.partial.layout import DIGEST_RE, MAX_ENTRIES, FileData, Unusable, check_name
 
 POSITION = "io.github.containers.zstd-chunked.manifest-position"
@@ -136,7 +136,7 @@ def open_metadata(pos: Position, data: bytes) -> tuple[bytes, bytes]:
     if len(data) != end - start:
         raise Unusable(f"got {len(data)} bytes of metadata, wanted {end - start}")
     toc_z = data[pos.toc.offset - start:pos.toc.end - start]
-    if "sha256:" + hashlib.sha256(toc_z).hexdigest() != pos.toc_digest:
+    if sha256_digest(toc_z) != pos.toc_digest:
         raise Unusable("the TOC does not match the manifest's checksum")
     tarsplit_z = data[pos.tarsplit.offset - start:pos.tarsplit.end - start]
     return _inflate(toc_z, pos.toc, "TOC"), tarsplit_z
@@ -144,7 +144,7 @@ def open_metadata(pos: Position, data: bytes) -> tuple[bytes, bytes]:
 
 def inflate_tarsplit(pos: Position, toc: Toc, tarsplit_z: bytes) -> bytes:
     """The tar-split's NDJSON, once its compressed bytes match the TOC's digest."""
-    if "sha256:" + hashlib.sha256(tarsplit_z).hexdigest() != toc.tarsplit_digest:
+    if sha256_digest(tarsplit_z) != toc.tarsplit_digest:
         raise Unusable("the tar-split does not match the TOC's tarSplitDigest")
     return _inflate(tarsplit_z, pos.tarsplit, "tar-split")
 

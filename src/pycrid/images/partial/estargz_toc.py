@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import binascii
 import calendar
-import hashlib
 import json
 import re
 import struct
@@ -30,6 +29,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from pycrid.images.mediatypes import sha256_digest
 from pycrid.images.partial import gotar
 from pycrid.images.partial.layout import (
     DIGEST_RE,
@@ -84,7 +84,7 @@ def toc_json(member: bytes, digest: str) -> tuple[bytes, bytes]:
     data = tar[gotar.BLOCK:gotar.BLOCK + size]
     if size > MAX_TOC or len(data) != size:
         raise Unusable("the eStargz TOC is truncated or too large")
-    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
+    if sha256_digest(data) != digest:
         raise Unusable("the eStargz TOC does not match the descriptor's toc.digest")
     if not d.eof or d.unused_data:
         raise Unusable("the eStargz TOC member is not one whole gzip member")
@@ -245,20 +245,19 @@ class Styles:
     split: Layout
     pax: Layout
     probe: tuple[int, int]
-    head_end: int
 
 
 def styles(entries: list[TocEntry], toc_offset: int, toc_tar: bytes) -> Styles:
     split, head_end = layout(entries, toc_offset, toc_tar)
     pax, _ = layout(entries, toc_offset, toc_tar, pax_names=True)
     if pax.pieces == split.pieces:
-        return Styles(split, split, (0, head_end), head_end)
+        return Styles(split, split, (0, head_end))
     i = next(i for i, (a, b) in enumerate(zip(split.pieces, pax.pieces, strict=True))
              if a != b)
     # The first file whose tail differs (its piece carries the tail), or the head.
     at = split.pieces[i]
     probe = (at.start, at.end) if isinstance(at, FileData) else (0, head_end)
-    return Styles(split, pax, probe, head_end)
+    return Styles(split, pax, probe)
 
 
 def choose(s: Styles, probe: bytes) -> Layout:

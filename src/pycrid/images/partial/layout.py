@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from pycrid.images.layer_paths import clean_name
+
 #: A sha256 digest as the TOCs write it.
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -69,5 +71,6 @@ def check_name(name: str, what: str) -> str:
 
 
 def clean(name: str) -> str:
-    """``./a//b/`` -> ``a/b``: the name as a path inside the layer."""
-    return "/".join(c for c in name.split("/") if c not in ("", "."))
+    """``./a//b/`` -> ``a/b``: the name as a path inside the layer, as the unpacker
+    writes it (so index rows match the files on disk)."""
+    return clean_name(name)

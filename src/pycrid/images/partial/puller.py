@@ -36,6 +36,7 @@ from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
 from pycrid.images.partial import formats
 from pycrid.images.partial.file_index import FileIndex
+from pycrid.images.partial.formats import Rows
 from pycrid.images.partial.layout import FileData, Layout, Unusable, clean
 from pycrid.images.partial.materialize import Job, Materialized, materialize
 from pycrid.images.partial.plan import Plan, make_plan
@@ -55,8 +56,6 @@ T = TypeVar("T")
 #: its blob; otherwise one stream of the whole blob is the cheaper way.
 WORTH = 0.8
 _KEEP = 64  # layers whose files wait to be indexed until they are committed
-
-Rows = list[tuple[str, str, int]]
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,8 @@ class PartialPuller:
                                             thread_name_prefix="partial")
         #: What to index once a layer is committed, by chain id.
         self._pending: OrderedDict[str, Rows | formats.Format] = OrderedDict()
-        #: Pull bytes are counted here too when set (the daemon's metrics).
+        #: Where fetched bytes are counted (the pull's report and the daemon's metrics; set
+        #: by the image service).
         self.count_bytes: Callable[[int], None] | None = None
 
     def close(self) -> None:
@@ -256,12 +256,6 @@ class PartialPuller:
         if pending:
             await asyncio.wait(pending)
 
-    def prune(self, committed: set[str]) -> None:
-        """Snapshots not in ``committed`` are gone: forget their files."""
-        n = self.index.retain(committed)
-        if n:
-            log.debug("file index: dropped the files of %d removed layers", n)
-
     # ---- plumbing ------------------------------------------------------------------------
 
     async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -269,8 +263,7 @@ class PartialPuller:
 
     def _count(self, fetcher: Fetcher) -> None:
         new = fetcher.new_bytes()
-        pull_report.current().fetched += new
-        if self.count_bytes is not None and new:
+        if self.count_bytes is not None and new:  # the pull's report and the metrics
             self.count_bytes(new)
 
     def _declined(self, job: LayerJob, why: object) -> tuple[str, Extracted] | None:

@@ -79,7 +79,6 @@ class Ranges:
         self._i = 0
         self._pos = self._ranges[0][0] if self._ranges else 0
         self._buf = memoryview(b"")
-        self.received = 0
 
     def seek(self, offset: int) -> None:
         """Skip to ``offset``: forward only, to a byte of a requested range (what lies
@@ -106,7 +105,6 @@ class Ranges:
             chunk = self._next()
             if not chunk:
                 raise DataLoss("the registry's answer ended before every range was sent")
-            self.received += len(chunk)
             self._buf = memoryview(chunk)
         out = bytes(self._buf[:n])
         self._buf = self._buf[len(out):]

@@ -21,6 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pycrid.config.images_schema import (
+    DEFAULT_POLICY,
+    DEFAULT_POLICY_DIR,
+    DEFAULT_REGISTRIES_D,
+)
 from pycrid.errors import InvalidArgument, PycridError, RegistryUnavailable
 from pycrid.errors import SignatureValidationFailed as Refused
 from pycrid.images.auth import Credentials
@@ -39,9 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POLICY = "/etc/containers/policy.json"
-DEFAULT_POLICY_DIR = "/etc/pycrid/policies"
-DEFAULT_REGISTRIES_D = "/etc/containers/registries.d"
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _MAX_POLICY = 4 << 20
 _VERDICTS = 4096
@@ -194,15 +196,18 @@ class SignaturePolicy:
         file and every file it read stay the same."""
         key = None
         if kept is not None:
-            key = (policy.path, stamp_of(policy.path), str(named), digest, hash(kept))
+            key = (policy.path, stamp_of(policy.path), str(named), digest, kept)
             hit = self._verdicts.get(key)
             if hit is not None and all(stamp_of(p) == s for p, s in hit[1]):
                 return hit[0]
+        from pycrid.images.policy.evaluate import evaluate
         if self.trust is None:
             from pycrid.images.policy.trust import FileTrust
             self.trust = FileTrust()
-        from pycrid.images.policy.evaluate import evaluate
         trust = self.trust.session()
+        if not needs_signatures(policy, named):
+            # insecureAcceptAnything and reject read no file: nothing for a thread to do.
+            return evaluate(policy, named, digest, sigs, trust)
         verdict = await asyncio.to_thread(evaluate, policy, named, digest, sigs, trust)
         if key is not None:
             if len(self._verdicts) >= _VERDICTS:

@@ -53,7 +53,7 @@ class SignatureSource:
     async def fetch(self, ref: Reference, digest: str, creds: Credentials | None,
                     config: RegistriesD) -> list[pl.Signature]:
         """Every signature of the manifest ``digest`` of ``ref``'s repository."""
-        named = Named(ref.name, ref.tag, ref.digest)
+        named = Named.of(ref)
         sigs = await self._lookaside(config.lookaside(named), digest)
         if config.use_sigstore_attachments(named):
             sigs += await self._attachments(ref, digest, creds)
