@@ -183,3 +183,25 @@ def test_registries_d_rules(tmp_path: Path) -> None:
     with pytest.raises(RegistriesDError, match=r"parsing /rd/a\.yaml"):
         parse_files({"/rd/a.yaml": b"default-docker: [\n"})
     assert json.dumps(sorted(cfg.docker))  # keys are plain strings
+
+
+def test_registries_d_directory(tmp_path: Path) -> None:
+    """registries.d that is absent is empty; one that is not a directory refuses with its
+    path (containers/image fails the same way), a ``*.yaml`` directory inside is skipped,
+    and a changed file is read again."""
+    rd = tmp_path / "rd"
+    policy = SignaturePolicy(PolicySettings(str(tmp_path / "absent.json"), True,
+                                            str(tmp_path / "ns"), str(rd)), source())
+    assert policy.registries().docker == {}
+    rd.write_text("not a directory")
+    with pytest.raises(SignatureValidationFailed,
+                       match=rf"signature storage configuration \({re.escape(str(rd))}\): "
+                             rf"cannot list {re.escape(str(rd))}: Not a directory"):
+        policy.registries()
+    rd.unlink()
+    rd.mkdir()
+    (rd / "dir.yaml").mkdir()
+    (rd / "a.yaml").write_text("docker:\n  quay.io/ns:\n    use-sigstore-attachments: true\n")
+    assert sorted(policy.registries().docker) == ["quay.io/ns"]
+    (rd / "a.yaml").write_text("docker:\n  quay.io/other:\n    lookaside: file:///x\n")
+    assert sorted(policy.registries().docker) == ["quay.io/other"]

@@ -121,14 +121,11 @@ class SignaturePolicy:
         """registries.d, re-read when a file of it changed (or came or went)."""
         d = self.settings.registries_d
         try:
-            names = sorted(n for n in os.listdir(d) if n.endswith(".yaml"))
-        except OSError:
-            names = []
-        stamps = tuple((n, stamp_of(os.path.join(d, n))) for n in names)
-        if self._regd is not None and self._regd[0] == stamps:
-            return self._regd[1]
-        try:
-            parsed = rd.parse_files(rd.read_dir(d))
+            paths = rd.yaml_files(d)
+            stamps = tuple((p, stamp_of(p)) for p in paths)
+            if self._regd is not None and self._regd[0] == stamps:
+                return self._regd[1]
+            parsed = rd.parse_files(rd.read_files(paths))
         except InvalidArgument as e:
             raise Refused(f"signature storage configuration ({d}): {e}") from None
         self._regd = (stamps, parsed)

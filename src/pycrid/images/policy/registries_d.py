@@ -121,18 +121,29 @@ def parse_files(files: Mapping[str, bytes]) -> RegistriesD:
     return RegistriesD(default, docker)
 
 
-def read_dir(path: str) -> dict[str, bytes]:
-    """The ``*.yaml`` files of ``path`` (none when it does not exist)."""
+def yaml_files(path: str) -> list[str]:
+    """The ``*.yaml`` files of directory ``path``, sorted (none when it does not exist; a
+    path that cannot be listed is an error, as in containers/image: signatures would
+    otherwise be looked for in the wrong place without a word)."""
     try:
         names = os.listdir(path)
     except FileNotFoundError:
-        return {}
+        return []
+    except OSError as e:
+        raise RegistriesDError(f"cannot list {path}: {e.strerror}") from None
+    return sorted(os.path.join(path, n) for n in names if n.endswith(".yaml"))
+
+
+def read_files(paths: list[str]) -> dict[str, bytes]:
+    """The contents of ``paths`` (one removed meanwhile, or a directory, is left out, as
+    containers/image leaves out directories)."""
     out = {}
-    for name in names:
-        if name.endswith(".yaml"):
-            try:
-                with open(os.path.join(path, name), "rb") as f:
-                    out[os.path.join(path, name)] = f.read()
-            except FileNotFoundError:
-                continue
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                out[path] = f.read()
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        except OSError as e:
+            raise RegistriesDError(f"cannot read {path}: {e.strerror}") from None
     return out
