@@ -207,14 +207,25 @@ class ImageFetcher:
         bottom up."""
         sem = asyncio.Semaphore(self.config.max_concurrent_downloads)
         committed = [asyncio.Event() for _ in layers]
-        async with asyncio.TaskGroup() as tg:
-            for i, layer in enumerate(layers):
-                if self._has_snapshot(chain[i]):
-                    committed[i].set()  # unpacked already: the blob is not needed again
-                    continue
-                tg.create_task(self._layer(
-                    ref, creds, sem, layer, diff_ids[i], chain[:i + 1],
-                    below=committed[i - 1] if i else None, done=committed[i]))
+        fetched: list[int] = []
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for i, layer in enumerate(layers):
+                    if self._has_snapshot(chain[i]):
+                        committed[i].set()  # unpacked already: the blob is not needed again
+                        continue
+                    fetched.append(i)
+                    tg.create_task(self._layer(
+                        ref, creds, sem, layer, diff_ids[i], chain[:i + 1],
+                        below=committed[i - 1] if i else None, done=committed[i]))
+        finally:
+            if self.partial is not None:
+                # The layers this pull committed are indexed for later partial pulls once
+                # it has ended (also when it failed): in the background, not competing with
+                # the pull's own unpacking for the cores (a partial attempt waits for it).
+                for i in fetched:
+                    if committed[i].is_set():
+                        self.partial.committed(chain[i], layers[i])
 
     def _has_snapshot(self, key: str) -> bool:
         try:
@@ -300,8 +311,6 @@ class ImageFetcher:
                                      "unpacked files)", self.content.root) from None
             raise
         done.set()
-        if self.partial is not None:  # after: the layers above need not wait for it
-            self.partial.committed(chain_id, layer)
 
     async def _settled(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A short blocking call (snapshotter, metadata) in the default executor, finished

@@ -83,7 +83,7 @@ class PartialPuller:
                  guard: Callable[[], AbstractAsyncContextManager[None]]) -> None:
         self.client, self.index, self.snapshotter = client, index, snapshotter
         self.content, self.config = content, config
-        #: Indexing runs after the layer's commit, off the pull's path, under ``guard``
+        #: Indexing runs after the pull that committed the layer, off its path, under ``guard``
         #: (no collection meanwhile); a partial attempt waits for what is still indexed.
         self._indexing = owner.child("file index")
         self._guard = guard
@@ -220,10 +220,10 @@ class PartialPuller:
             self._pending.popitem(last=False)
 
     def committed(self, chain_id: str, layer: oci.Descriptor) -> None:
-        """Layer ``chain_id`` is committed: record its files for later pulls (those of a
-        layer with a TOC unpacked from its blob, too), in the background: the pull does not
-        wait for it (reading a TOC and writing a thousand rows is a tenth of a cold pull of
-        such a layer), the next partial attempt does (``indexed``)."""
+        """Layer ``chain_id`` was committed by a pull that has ended: record its files for
+        later pulls (those of a layer with a TOC unpacked from its blob, too), in the
+        background: no pull waits for it (reading a TOC and writing a thousand rows is a
+        tenth of a cold pull of such a layer), the next partial attempt does (``indexed``)."""
         what = self._pending.pop(chain_id, None)
         if what is None:
             try:
