@@ -104,14 +104,14 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
     if image is None:
         raise NotFound(f"image {config.image.image!r} not found: pull it first")
     view = parts.images.view(image)
-    volume_images, volume_records = _volume_images(parts, config)
+    volume_images = _volume_images(parts, config)
     # The pod namespace's signature policy, with the signatures kept from the pull (CRI-O
     # checks at create too): an image pulled for another namespace, or under an older
     # policy, runs only if this one accepts it.
     namespace = sandbox.config.metadata.namespace
     await parts.images.check_run(image, [config.image.user_specified_image,
                                          config.image.image], namespace)
-    for i, vol in volume_records.items():
+    for i, vol in volume_images.items():
         m = config.mounts[i]
         await parts.images.check_run(vol, [m.image.user_specified_image, m.image.image],
                                      namespace)
@@ -155,7 +155,8 @@ async def _create(parts: ContainerParts, sandbox: SandboxRecord, config: pb.Cont
                          files=parts.controller.files(sandbox.id),
                          runtime_handler=sandbox.runtime_handler),
             ContainerImage(image_config, image.chain[-1] if image.chain else None,
-                           volume_images),
+                           {i: VolumeImage(v.id, v.chain[-1])
+                            for i, v in volume_images.items()}),
             target_pid=_target_pid(parts, config, sandbox), rootfs_diff=diff)))
         spec = built.spec
         if plan is not None:
@@ -199,12 +200,11 @@ def create_options(parts: ContainerParts, rec: ContainerRecord,
 
 
 def _volume_images(parts: ContainerParts, config: pb.ContainerConfig
-                   ) -> tuple[dict[int, VolumeImage], dict[int, ImageRecord]]:
-    """The image of each image volume, by mount index (what the bundle shows, and its
-    record for the signature check), checked before any side effect: the kubelet pulls
-    them first, so a missing one is NotFound (containerd resolves them locally too)."""
-    found: dict[int, VolumeImage] = {}
-    records: dict[int, ImageRecord] = {}
+                   ) -> dict[int, ImageRecord]:
+    """The image of each image volume, by mount index, checked before any side effect:
+    the kubelet pulls them first, so a missing one is NotFound (containerd resolves
+    them locally too)."""
+    found: dict[int, ImageRecord] = {}
     for i, m in enumerate(config.mounts):
         if not is_image_mount(m):
             continue
@@ -213,9 +213,8 @@ def _volume_images(parts: ContainerParts, config: pb.ContainerConfig
         if img is None or not img.chain:
             raise NotFound(f"{IMAGE_VOLUME_FAILED}: mount {m.container_path!r}: image "
                            f"{m.image.image!r} not found: pull it first")
-        found[i] = VolumeImage(img.id, img.chain[-1])
-        records[i] = img
-    return found, records
+        found[i] = img
+    return found
 
 
 def _target_pid(parts: ContainerParts, config: pb.ContainerConfig,

@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from pycrid.images import mediatypes as oci
+from pycrid.images.layer_paths import clean_name
 from pycrid.images.partial import chunked_toc, estargz_toc, tarsplit
-from pycrid.images.partial.layout import DIGEST_RE, Layout, Unusable, clean
+from pycrid.images.partial.layout import DIGEST_RE, Layout, Unusable
 from pycrid.images.partial.range_fetch import Fetcher
 
 T = TypeVar("T")
@@ -84,7 +85,7 @@ class Chunked:
             f.seek(start)
             meta = f.read(end - start)
         toc = chunked_toc.parse_toc(chunked_toc.open_metadata(self.pos, meta)[0], self.pos)
-        return [(f.digest, clean(f.name), f.size) for f in toc.files.values()]
+        return [(f.digest, clean_name(f.name), f.size) for f in toc.files.values()]
 
 
 class Estargz:
@@ -115,5 +116,5 @@ class Estargz:
             f.seek(off)
             member = f.read(self.size - estargz_toc.FOOTER - off)
         js, _ = estargz_toc.toc_json(member, self.toc_digest)
-        return [(t.digest, clean(t.header.name), t.header.size)
+        return [(t.digest, clean_name(t.header.name), t.header.size)
                 for t in estargz_toc.parse(js, off) if t.offset]

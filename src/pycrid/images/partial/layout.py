@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from pycrid.images.layer_paths import clean_name
-
 #: A sha256 digest as the TOCs write it.
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
@@ -68,9 +66,3 @@ def check_name(name: str, what: str) -> str:
     if ".." in name.split("/"):
         raise Unusable(f"{what}: entry name {name!r} climbs out with '..'")
     return name
-
-
-def clean(name: str) -> str:
-    """``./a//b/`` -> ``a/b``: the name as a path inside the layer, as the unpacker
-    writes it (so index rows match the files on disk)."""
-    return clean_name(name)

@@ -34,10 +34,11 @@ from pycrid.images import pull_report
 from pycrid.images.auth import Credentials
 from pycrid.images.content import ContentStore
 from pycrid.images.distribution import RegistryClient
+from pycrid.images.layer_paths import clean_name
 from pycrid.images.partial import formats
 from pycrid.images.partial.file_index import FileIndex
 from pycrid.images.partial.formats import Rows
-from pycrid.images.partial.layout import FileData, Layout, Unusable, clean
+from pycrid.images.partial.layout import FileData, Layout, Unusable
 from pycrid.images.partial.materialize import Job, Materialized, materialize
 from pycrid.images.partial.plan import Plan, make_plan
 from pycrid.images.partial.range_fetch import Fetcher, NoRanges
@@ -125,7 +126,7 @@ class PartialPuller:
             return self._declined(job, e)
         finally:
             self._count(fetcher)
-        self._remember(job.chain_id, [(f.digest, clean(f.name), f.size) for f in lay.files()])
+        self._remember(job.chain_id, [(f.digest, clean_name(f.name), f.size) for f in lay.files()])
         if plan.fetch_bytes > WORTH * layer.size:
             return self._declined(job, f"only {plan.reused} of {lay.tar_size} bytes are "
                                        "here already")

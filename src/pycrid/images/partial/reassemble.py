@@ -21,8 +21,9 @@ from isal import igzip
 
 from pycrid.errors import DataLoss
 from pycrid.host.mounts import open_no_symlinks
+from pycrid.images.layer_paths import clean_name
 from pycrid.images.layer_tar import CODEC_ERRORS
-from pycrid.images.partial.layout import FileData, Layout, clean
+from pycrid.images.partial.layout import FileData, Layout
 from pycrid.images.partial.plan import Local, Plan
 from pycrid.images.partial.ranges import Range
 
@@ -40,7 +41,7 @@ class Dirs:
         fd = self._fds.get(root)
         if fd is None:
             fd = self._fds[root] = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        return open_no_symlinks(fd, clean(path))
+        return open_no_symlinks(fd, clean_name(path))
 
     def close(self) -> None:
         for fd in self._fds.values():
