@@ -248,7 +248,7 @@ def test_rebuilt_from_this_node_and_fetched_members(tmp_path: Path) -> None:
         plan = make_plan(lay, index, {"L1": str(base / "v1")}.get)
         assert 45 <= len(plan.local) < 61  # every 10th file changed; the landmark is here
         (base / "v2").mkdir()
-        got = materialize(Job(lay, plan, str(base / "v2"), "v2", False, False, True),
+        got = materialize(Job(lay, plan, str(base / "v2"), "v2", False, False, True, d2),
                           fed(b2, plan.ranges))
         assert got.extracted.diff_id == d2 == unpack(b2, base / "whole")
         assert tree(base / "v2") == tree(base / "whole")

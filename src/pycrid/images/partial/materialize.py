@@ -1,8 +1,10 @@
 """Apply a layer rebuilt by ``reassemble`` with the ordinary unpacker, sharing what it can.
 
 The rebuilt tar goes through ``unpack.extract`` like a downloaded one: the same path
-rules, whiteouts and hashing (the diff id). Its placer sees every regular file before
-it is written: it notes where the file lands (for the file index) and, when
+rules, whiteouts and hashing; the diff id must be the config's (when it is not and files
+of this node went in, they are hashed one by one to name the index row that lied). Its
+placer sees every regular file before it is written: it notes where the file lands (for
+the file index) and, when
 ``use_hard_links`` is on and the file comes from this node with exactly the entry's
 owner, mode, mtime and xattrs, gives it a hard link to that file instead of a copy
 (containers/storage's ``use_hard_links``). Nothing ever writes to a layer's files after
@@ -25,7 +27,13 @@ from pycrid.host.mounts import link_fd
 from pycrid.images.layer_paths import OVERLAY_XATTRS
 from pycrid.images.partial.layout import Layout
 from pycrid.images.partial.plan import Plan
-from pycrid.images.partial.reassemble import CHUNK, LocalMismatch, Ranges, Reassembled
+from pycrid.images.partial.reassemble import (
+    CHUNK,
+    LocalMismatch,
+    Ranges,
+    Reassembled,
+    stale_local,
+)
 from pycrid.images.tar_stream import TarStream
 from pycrid.images.unpack import Extracted, extract
 
@@ -52,6 +60,8 @@ class Job:
     has_lower: bool
     allow_device_nodes: bool
     hard_links: bool
+    #: The config's diff id for the layer: what the rebuilt tar must hash to.
+    diff_id: str
 
 
 class _Stream:
@@ -91,6 +101,13 @@ def materialize(job: Job, ranges: Ranges) -> Materialized:
         raise
     finally:
         stream.close()
+    if got.diff_id != job.diff_id:
+        # Fetched files were checked one by one; files of this node only by this hash.
+        stale = stale_local(job.lay, job.plan) if job.plan.local else None
+        if stale is not None:
+            raise stale
+        raise DataLoss(f"rebuilt, it hashes to {got.diff_id}, not the config's diff id "
+                       f"{job.diff_id}")
     return Materialized(got, placer.landed, stream.reused, placer.linked)
 
 
@@ -125,7 +142,7 @@ class _Placer:
                 return False
             raise
         left = info.size
-        while left:  # the bytes still count for the diff id, and are checked
+        while left:  # the bytes still count for the diff id, which checks them
             chunk = src.read(min(left, CHUNK))
             if not chunk:
                 raise DataLoss(f"{f.name}: the layer ends inside its data")

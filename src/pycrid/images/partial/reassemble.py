@@ -3,9 +3,11 @@
 The pieces come in tar order: raw segments from the tar-split; files found on this node,
 read from their snapshot (opened through no symlink); fetched files, decompressed from
 the ranges as they arrive (``Ranges``: the bytes of the requested ranges, in order, as
-the loop hands them over). Every file is hashed as it is read and checked against its
-digest before its last bytes are handed on, so a file that is not what the TOC says
-never lands whole; the stream's own hash (the diff id) is the unpacker's.
+the loop hands them over). Every fetched file is hashed as it is read and checked against
+its digest before its last bytes are handed on, so fetched bytes that are not what the TOC
+says never land whole. Files of this node are not hashed on their own: the stream's hash
+(the diff id, the unpacker's) covers every byte of them, and only when it comes out wrong
+are they hashed one by one (``stale_local``) to find the index row that lied.
 """
 
 from __future__ import annotations
@@ -213,9 +215,9 @@ class Reassembled:
     def _open(self) -> None:
         p = self._pieces[self._i]
         assert isinstance(p, FileData)
-        self._hash = hashlib.sha256()
         src = self._local.get(self._i)
         if src is None:
+            self._hash = hashlib.sha256()
             span = cast(IO[bytes], _Span(self._ranges, p.start, p.end))
             if p.codec == "gzip":
                 self._src = igzip.GzipFile(fileobj=span, mode="rb")  # type: ignore[no-untyped-call]
@@ -243,19 +245,22 @@ class Reassembled:
         if not data:
             why = f"ends after {self._off} of its {p.size} bytes"
             raise self._bad(src, why) if src else DataLoss(f"{p.name}: data {why}")
-        self._hash.update(data)
         self._off += len(data)
         if src is not None:
             self.reused += len(data)
+            if self._off == p.size:  # fstat said it holds p.size bytes: all read
+                self._close_file()
+            return data
+        self._hash.update(data)
         if self._off == p.size:
-            self._finish(p, src)
+            self._finish(p)
         return data
 
-    def _finish(self, p: FileData, src: Local | None) -> None:
-        # What follows the contents in their span: nothing for a local file or
-        # zstd:chunked; for eStargz the tar's headers up to the next file, which must be
-        # the ones the layout wrote again from the TOC.
-        want = b"" if src is not None else p.tail
+    def _finish(self, p: FileData) -> None:
+        # What follows the contents in their span: nothing for zstd:chunked; for eStargz
+        # the tar's headers up to the next file, which must be the ones the layout wrote
+        # again from the TOC.
+        want = p.tail
         try:
             rest = _read_upto(self._src, len(want) + 1)
         except CODEC_ERRORS as e:
@@ -263,11 +268,8 @@ class Reassembled:
         self._close_file()
         got = "sha256:" + self._hash.hexdigest()
         if got != p.digest:
-            why = f"hashes to {got}, not {p.digest}"
-            raise self._bad(src, why) if src else DataLoss(f"{p.name}: fetched data {why}")
+            raise DataLoss(f"{p.name}: fetched data hashes to {got}, not {p.digest}")
         if rest != want:
-            if src is not None:
-                raise self._bad(src, "holds more than its size")
             raise DataLoss(f"{p.name}: the tar headers after it are not the ones its TOC "
                            "implies" if p.tail else f"{p.name}: fetched data holds more "
                            "than its size")
@@ -275,3 +277,34 @@ class Reassembled:
     def _bad(self, src: Local, why: str) -> LocalMismatch:
         self.mismatch = src
         return LocalMismatch(src, why)
+
+
+def stale_local(lay: Layout, plan: Plan) -> LocalMismatch | None:
+    """The first file of this node the plan took that does not hash to its digest (or is
+    gone): asked only after a rebuilt layer's diff id came out wrong, to name the index
+    row to drop. Runs in a worker thread."""
+    dirs = Dirs()
+    seen: set[tuple[str, str]] = set()
+    try:
+        for i, src in sorted(plan.local.items()):
+            p = lay.pieces[i]
+            assert isinstance(p, FileData)
+            if (src.root, src.path) in seen:
+                continue
+            seen.add((src.root, src.path))
+            try:
+                fd = dirs.open(src.root, src.path)
+            except OSError as e:
+                return LocalMismatch(src, f"cannot be opened ({e.strerror})")
+            try:
+                h = hashlib.sha256()
+                while chunk := os.read(fd, CHUNK):
+                    h.update(chunk)
+            finally:
+                os.close(fd)
+            got = "sha256:" + h.hexdigest()
+            if got != p.digest:
+                return LocalMismatch(src, f"hashes to {got}, not {p.digest}")
+        return None
+    finally:
+        dirs.close()
