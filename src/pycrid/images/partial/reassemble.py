@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 
@@ -22,7 +23,7 @@ import zstandard
 from isal import igzip
 
 from pycrid.errors import DataLoss
-from pycrid.host.mounts import open_no_symlinks
+from pycrid.host.mounts import open_no_symlinks, open_no_symlinks_dir
 from pycrid.images.layer_paths import clean_name
 from pycrid.images.layer_tar import CODEC_ERRORS
 from pycrid.images.partial.layout import FileData, Layout
@@ -33,22 +34,45 @@ CHUNK = 1 << 20
 
 
 class Dirs:
-    """Open layer directories (O_PATH), so files are opened under them with one syscall."""
+    """Directories of layers, open (O_PATH) as they are met, so that most files are
+    opened with one plain openat: their directory was reached through no symlink
+    (open_no_symlinks), and the name itself is opened O_NOFOLLOW."""
+
+    #: Directories kept open at once (the least recently opened is closed first).
+    KEEP = 64
 
     def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
+        self._roots: dict[str, int] = {}
+        self._dirs: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     def open(self, root: str, path: str) -> int:
-        """``path`` under ``root``, read-only, through no symlink (open_no_symlinks)."""
-        fd = self._fds.get(root)
+        """``path`` under ``root``, read-only, through no symlink (ELOOP where a component
+        is one, ENOENT where it is missing)."""
+        rel = clean_name(path)
+        parent, _, base = rel.rpartition("/")
+        if base in ("", ".", ".."):
+            return open_no_symlinks(self._root(root), rel)
+        dfd = self._dirs.get((root, parent))
+        if dfd is None:
+            dfd = self._root(root) if not parent else open_no_symlinks_dir(self._root(root),
+                                                                           parent)
+            if parent:
+                self._dirs[(root, parent)] = dfd
+                if len(self._dirs) > self.KEEP:
+                    os.close(self._dirs.popitem(last=False)[1])
+        return os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+
+    def _root(self, root: str) -> int:
+        fd = self._roots.get(root)
         if fd is None:
-            fd = self._fds[root] = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        return open_no_symlinks(fd, clean_name(path))
+            fd = self._roots[root] = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return fd
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        for fd in [*self._dirs.values(), *self._roots.values()]:
             os.close(fd)
-        self._fds.clear()
+        self._dirs.clear()
+        self._roots.clear()
 
 
 class LocalMismatch(DataLoss):
