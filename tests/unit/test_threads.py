@@ -42,6 +42,34 @@ async def test_pipe_failure_reaches_a_waiting_reader() -> None:
         pipe.read()
 
 
+async def test_pipe_reader_gives_up_its_turn_only_while_it_waits() -> None:
+    # Partial pulls rebuild one layer at a time (a lock, "the turn"); a worker waiting
+    # for fetched bytes lets another one work meanwhile, and has the turn again on return.
+    pipe = ChunkPipe(asyncio.get_running_loop())
+    turn = threading.Lock()
+    held_on_return: list[bool] = []
+
+    def reader() -> bytes:
+        with turn:
+            data = pipe.read(turn)
+            held_on_return.append(turn.locked())
+            return data
+
+    task = asyncio.create_task(asyncio.to_thread(reader))
+    await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(turn.acquire, True, 5)  # free while the reader waits
+    assert await pipe.put(b"data")
+    await asyncio.sleep(0.05)
+    assert not task.done()  # it has the bytes, but not the turn back yet
+    turn.release()
+    assert await asyncio.wait_for(task, 5) == b"data" and held_on_return == [True]
+    # With bytes there already, the turn is never given up.
+    assert await pipe.put(b"more")
+    with turn:
+        assert pipe.read(turn) == b"more"
+        assert turn.locked()
+
+
 async def test_pipe_stopped_reader_releases_a_waiting_writer() -> None:
     pipe = ChunkPipe(asyncio.get_running_loop(), limit=1)
     assert await pipe.put(b"a")

@@ -102,20 +102,35 @@ class ChunkPipe:
 
     # ---- the worker thread's side -------------------------------------------------------
 
-    def read(self) -> bytes:
+    def read(self, turn: threading.Lock | None = None) -> bytes:
         """Everything buffered, as one piece (a reader that fell behind catches up in few
         large steps, each one hash update and one write); b"" at the end. Raises
-        PipeBroken after ``fail``."""
+        PipeBroken after ``fail``. ``turn``: a lock the reader holds and gives up while it
+        waits for the writer (another reader may use the time)."""
+        if turn is not None:
+            with self._cond:
+                if self._chunks or self._eof:
+                    return self._take()
+            turn.release()
+            try:
+                with self._cond:
+                    return self._take()
+            finally:
+                turn.acquire()
         with self._cond:
-            while not self._chunks and not self._eof:
-                self._cond.wait()
-            if self._failed is not None:
-                raise PipeBroken(str(self._failed) or type(self._failed).__name__)
-            chunks, self._chunks = self._chunks, collections.deque()
-            self._buffered = 0
-            if self._writer_waits:
-                self._writer_waits = False
-                self._loop.call_soon_threadsafe(self._space.set)
+            return self._take()
+
+    def _take(self) -> bytes:
+        """``read`` with the condition's lock held."""
+        while not self._chunks and not self._eof:
+            self._cond.wait()
+        if self._failed is not None:
+            raise PipeBroken(str(self._failed) or type(self._failed).__name__)
+        chunks, self._chunks = self._chunks, collections.deque()
+        self._buffered = 0
+        if self._writer_waits:
+            self._writer_waits = False
+            self._loop.call_soon_threadsafe(self._space.set)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def stop(self) -> None:
