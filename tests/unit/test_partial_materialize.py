@@ -4,6 +4,7 @@ asked and safe, and nothing unverified accepted."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -20,7 +21,7 @@ from pycrid.images.partial.file_index import FileIndex
 from pycrid.images.partial.layout import Layout
 from pycrid.images.partial.materialize import Job, Materialized, materialize
 from pycrid.images.partial.plan import Plan, make_plan
-from pycrid.images.partial.reassemble import LocalMismatch, Ranges
+from pycrid.images.partial.reassemble import Dirs, LocalMismatch, Ranges
 from pycrid.images.unpack import extract
 from pycrid.store.db import Database
 from tests.support.chunked import zstd_chunked
@@ -245,3 +246,35 @@ def test_index_rows_follow_layers(tmp_path: Path) -> None:
     again = FileIndex(Database(str(tmp_path / "meta.db")))
     assert [f.path for f in again.lookup([d])[d]] == ["c"]
 
+
+
+def test_files_of_this_node_are_opened_through_no_symlink(tmp_path: Path) -> None:
+    # Each directory is opened once (through no symlink) and kept; a name in it is opened
+    # O_NOFOLLOW. A symlink anywhere on the way is refused, however many directories are
+    # kept open.
+    root = tmp_path / "layer"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"x")
+    (root / "e").mkdir()
+    (root / "e" / "g").write_bytes(b"z")
+    (tmp_path / "outside").write_bytes(b"host file")
+    os.symlink("f", root / "d" / "link")
+    os.symlink("d", root / "dl")
+    os.symlink(str(tmp_path / "outside"), root / "abs")
+    dirs = Dirs()
+    dirs.KEEP = 1  # every other directory closes the one before
+    try:
+        for path, want in [("d/f", b"x"), ("e/g", b"z"), ("d/f", b"x"), ("./e//g", b"z")]:
+            fd = dirs.open(str(root), path)
+            try:
+                assert os.read(fd, 100) == want
+            finally:
+                os.close(fd)
+        for bad in ("d/link", "dl/f", "abs"):
+            with pytest.raises(OSError) as e:
+                os.close(dirs.open(str(root), bad))
+            assert e.value.errno == errno.ELOOP, bad
+        with pytest.raises(FileNotFoundError):
+            dirs.open(str(root), "d/missing")
+    finally:
+        dirs.close()

@@ -135,7 +135,7 @@ def open_no_symlinks(root: str | int, path: str) -> int:
 def open_no_symlinks_dir(root: str | int, path: str) -> int:
     """An O_PATH fd of directory ``path`` inside ``root``, reached as open_no_symlinks
     reaches a file (ENOTDIR where it is not a directory)."""
-    return _openat2(root, path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW,
+    return _openat2(root, path, os.O_PATH | os.O_DIRECTORY,
                     _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
 
 
