@@ -10,7 +10,12 @@ same tars. Each round, in the runtime under test:
 - with ``--pull-against`` (containerd, say), v2 and v1-then-v2 by that runtime too,
   so the ratios against it are taken in the same run;
 - when this run started pycrid, v1 then v2 again by a second pycrid with
-  ``use_hard_links = true``: its time, and its disk (shared files counted once).
+  ``use_hard_links = true``: its time, and its disk (shared files counted once);
+- v2's layer tars unpacked from memory by pycrid's own unpacker in this process, one
+  after another into a fresh directory: the file work of any pull of v2 (create, write,
+  owner, mode, times of every file; the diff id hashed) with nothing fetched, decompressed,
+  looked up or recorded. Partial pulls do that work too, so it bounds how far under a
+  whole pull they can go on this machine.
 
 Bytes fetched are read from the registry's access log (what it sent, whichever runtime
 asked), so the figures compare runtimes on the same terms.
@@ -18,10 +23,13 @@ asked), so the figures compare runtimes on the same terms.
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import statistics
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +44,7 @@ from bench.common import Target
 from bench.report import Section
 from bench.throttle import Throttle
 from pycrid.bench.partial import Pulls, add_figures, cold, upgrade
+from pycrid.images.unpack import extract
 
 REPO = "bench/partial"
 MIB = 1 << 20
@@ -51,12 +60,13 @@ def registry_counter(log: Path) -> Callable[[], int]:
 
 
 def images(target: Target, mb: int, n_layers: int, files: int,
-           skopeo: Path) -> dict[str, str]:
-    """Build and push the images; their references by name."""
+           skopeo: Path) -> tuple[dict[str, str], list[bytes]]:
+    """Build and push the images; their references by name, and v2's layer tars."""
     size = mb * MIB // (n_layers * files)
     print(f"building v1 and v2: {mb} MiB in {n_layers} layers of {files} files, "
           "zstd:chunked by skopeo, and v2 with plain zstd ...", file=sys.stderr)
-    refs = {}
+    refs: dict[str, str] = {}
+    tars: list[bytes] = []
     for v in (1, 2):
         tars = app_layers(v, layers=n_layers, files=files, size=size, binary=0.25)
         skopeo_chunked(target.registry, build_image(tars, compression="none"),
@@ -65,7 +75,23 @@ def images(target: Target, mb: int, n_layers: int, files: int,
         if v == 2:
             push(target.registry, f"{REPO}-zstd", "v2", build_image(tars, compression="zstd"))
             refs["v2 zstd"] = f"{target.registry.host}/{REPO}-zstd:v2"
-    return refs
+    return refs, tars
+
+
+def unpack_alone(tars: list[bytes], base: Path) -> float:
+    """Milliseconds to unpack ``tars`` from memory, one after another, into a new
+    directory under ``base`` (removed again), as a pull unpacks a layer it has."""
+    where = Path(tempfile.mkdtemp(prefix="unpack-floor-", dir=base))
+    try:
+        started = time.perf_counter()
+        for i, tar in enumerate(tars):
+            root = where / str(i)
+            root.mkdir()
+            extract(io.BufferedReader(io.BytesIO(tar)), str(root), name=f"layer {i}",
+                    has_lower=i > 0, allow_device_nodes=False)
+        return (time.perf_counter() - started) * 1000
+    finally:
+        shutil.rmtree(where)
 
 
 def run(target: Target, mb: int, n_layers: int, files: int, rounds: int,
@@ -75,15 +101,16 @@ def run(target: Target, mb: int, n_layers: int, files: int, rounds: int,
     if skopeo is None:
         return Section("partial", skipped="needs skopeo (../shared/interop/bin/skopeo), "
                                           "the zstd:chunked producer")
-    refs = images(target, mb, n_layers, files, skopeo)
+    refs, v2_tars = images(target, mb, n_layers, files, skopeo)
     if not link_mbit:
-        return _measure(target, refs, rounds, compare, compare_hosts, (mb, n_layers, files))
+        return _measure(target, refs, rounds, compare, compare_hosts, (mb, n_layers, files),
+                        v2_tars=v2_tars)
     with Throttle(target.registry.port, link_mbit).running() as link:
         # The same registry behind a link of link_mbit Mbit/s (hosts.toml: plain http).
         host = f"127.0.0.1:{link.port}"
         refs = {k: v.replace(target.registry.host, host, 1) for k, v in refs.items()}
         sec = _measure(target, refs, rounds, compare, compare_hosts, (mb, n_layers, files),
-                       host)
+                       host, v2_tars=v2_tars)
     sec.notes.append(f"every pull went through a link of {link_mbit:g} Mbit/s (a proxy "
                      "that caps the registry's answers; requests are not slowed)")
     sec.extra["link_mbit"] = link_mbit
@@ -92,7 +119,7 @@ def run(target: Target, mb: int, n_layers: int, files: int, rounds: int,
 
 def _measure(target: Target, refs: dict[str, str], rounds: int, compare: str | None,
              compare_hosts: str | None, shape: tuple[int, int, int],
-             host: str = "") -> Section:
+             host: str = "", *, v2_tars: list[bytes]) -> Section:
     sec = Section("partial")
     mb, n_layers, files = shape
     host = host or target.registry.host
@@ -113,6 +140,7 @@ def _measure(target: Target, refs: dict[str, str], rounds: int, compare: str | N
         name = other.runtime.Version(pb.VersionRequest(), timeout=30).runtime_name
         runs[name] = (Pulls(), Pulls())
     linked = Pulls()
+    unpacked: list[float] = []
     try:
         for i in range(rounds):
             steps = [lambda: upgrade(target.client, refs["v1"], refs["v2"], runs[""][0],
@@ -123,6 +151,7 @@ def _measure(target: Target, refs: dict[str, str], rounds: int, compare: str | N
                 steps += [lambda: upgrade(other, refs["v1"], refs["v2"], runs[name][0],
                                           counter),
                           lambda: cold(other, refs["v2"], runs[name][1], counter)]
+            steps.append(lambda: unpacked.append(unpack_alone(v2_tars, target.base)))
             for step in steps if i % 2 == 0 else steps[::-1]:
                 step()
             if target.daemon is not None:
@@ -156,6 +185,11 @@ def _measure(target: Target, refs: dict[str, str], rounds: int, compare: str | N
                    unit="KiB", floor="bytes of v2 (a whole pull)")
         # (Not its disk: containerd's ImageFsInfo is a figure its background loop
         # refreshes every few seconds, so a difference right after the pulls says nothing.)
+    sec.floor("unpack v2's tars from memory, nothing fetched", unpacked)
+    sec.figure("PullImage v2 after v1 (vs unpacking v2's tars alone)", mine[0].ms,
+               floor="unpack v2's tars from memory, nothing fetched")
+    sec.figure("PullImage v2, nothing to reuse (vs unpacking v2's tars alone)", mine[1].ms,
+               floor="unpack v2's tars from memory, nothing fetched")
     if linked.ms:
         sec.figure("PullImage v2 after v1, use_hard_links", linked.ms,
                    floor="PullImage v2, nothing to reuse")

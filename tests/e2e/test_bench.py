@@ -148,6 +148,10 @@ def test_bench(tmp_path: Path) -> None:
         assert fetched["floor"] == "bytes of v2 (a whole pull)" and fetched["ratio"] < 1
         assert part["figures"]["disk of the old version and v2, use_hard_links"]["median"] < \
             part["figures"]["disk of the old version and v2"]["median"]
+        # The unpack floor was timed in the run, and the pulls are compared with it.
+        alone = part["figures"]["PullImage v2 after v1 (vs unpacking v2's tars alone)"]
+        assert alone["floor"] == "unpack v2's tars from memory, nothing fetched"
+        assert part["floors"][alone["floor"]]["median"] > 0 and alone["ratio"] > 0
 
     lst = result["sections"]["list"]
     assert set(lst["figures"]) == {f"ListContainers ({n} containers)" for n in LIST_SIZES} | {
