@@ -36,7 +36,7 @@ CHUNK = 1 << 20
 class Dirs:
     """Directories of layers, open (O_PATH) as they are met, so that most files are
     opened with one plain openat: their directory was reached through no symlink
-    (open_no_symlinks), and the name itself is opened O_NOFOLLOW."""
+    (open_no_symlinks_dir), and the name itself is opened O_NOFOLLOW."""
 
     #: Directories kept open at once (the least recently opened is closed first).
     KEEP = 64
