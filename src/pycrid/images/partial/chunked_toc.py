@@ -25,7 +25,14 @@ from typing import Any
 import zstandard
 
 from pycrid.images.mediatypes import sha256_digest
-from pycrid.images.partial.layout import DIGEST_RE, MAX_ENTRIES, FileData, Unusable, check_name
+from pycrid.images.partial.layout import (
+    DIGEST_RE,
+    MAX_ENTRIES,
+    FileData,
+    Unusable,
+    check_name,
+    toc_count,
+)
 
 POSITION = "io.github.containers.zstd-chunked.manifest-position"
 CHECKSUM = "io.github.containers.zstd-chunked.manifest-checksum"
@@ -174,11 +181,8 @@ def parse_toc(doc_bytes: bytes, pos: Position) -> Toc:
     return Toc(files, ts, data_end)
 
 
-def _int(e: dict[str, Any], key: str) -> int:
-    v = e.get(key, 0)
-    if type(v) is not int or v < 0:
-        raise Unusable(f"TOC entry {str(e.get('name'))[:100]!r}: {key} is not a count")
-    return v
+def _count(e: dict[str, Any], key: str) -> int:
+    return toc_count(e, key, "TOC")
 
 
 def _entry(e: Any, data_end: int) -> FileData | None:
@@ -189,10 +193,10 @@ def _entry(e: Any, data_end: int) -> FileData | None:
     if kind not in _TYPES or not isinstance(name, str):
         raise Unusable(f"TOC entry of type {str(kind)[:20]!r} named {str(name)[:100]!r}")
     check_name(name, "TOC")
-    size = _int(e, "size")
+    size = _count(e, "size")
     if kind != "reg" or size == 0:
         return None
-    digest, start, end = e.get("digest"), _int(e, "offset"), _int(e, "endOffset")
+    digest, start, end = e.get("digest"), _count(e, "offset"), _count(e, "endOffset")
     if not isinstance(digest, str) or not DIGEST_RE.match(digest):
         raise Unusable(f"TOC entry {name!r} has no sha256 digest")
     if not 0 < start < end <= data_end:

@@ -39,6 +39,7 @@ from pycrid.images.partial.layout import (
     Piece,
     Unusable,
     check_name,
+    toc_count,
 )
 
 TOC_DIGEST = "containerd.io/snapshot/stargz/toc.digest"
@@ -116,13 +117,13 @@ def parse(doc_bytes: bytes, toc_offset: int) -> list[TocEntry]:
     for e in entries:
         if not isinstance(e, dict):
             raise Unusable("an eStargz TOC entry is not an object")
-        if _int(e, "innerOffset"):
+        if _count(e, "innerOffset"):
             raise Unusable("eStargz members shared by several files (innerOffset) are "
                            "not supported")
         if e.get("type") == "chunk":
-            if not out or _int(e, "offset") <= last or e.get("name") != out[-1].header.name:
+            if not out or _count(e, "offset") <= last or e.get("name") != out[-1].header.name:
                 raise Unusable("an eStargz chunk entry does not follow its file")
-            last = _int(e, "offset")
+            last = _count(e, "offset")
             continue
         t = _entry(e, names, toc_offset)
         if t.offset:
@@ -135,11 +136,8 @@ def parse(doc_bytes: bytes, toc_offset: int) -> list[TocEntry]:
     return out
 
 
-def _int(e: dict[str, Any], key: str) -> int:
-    v = e.get(key, 0)
-    if type(v) is not int or v < 0:
-        raise Unusable(f"eStargz TOC entry {str(e.get('name'))[:100]!r}: {key} is not a count")
-    return v
+def _count(e: dict[str, Any], key: str) -> int:
+    return toc_count(e, key, "eStargz TOC")
 
 
 def _text(e: dict[str, Any], key: str) -> str:
@@ -157,20 +155,20 @@ def _entry(e: dict[str, Any], names: dict[str, dict[int, str]], toc_offset: int)
     check_name(name, "eStargz TOC")
     if name.strip("/") == TOC_NAME:
         raise Unusable("the eStargz TOC lists stargz.index.json")
-    uid, gid = _int(e, "uid"), _int(e, "gid")
+    uid, gid = _count(e, "uid"), _count(e, "gid")
     # The writer records a user or group name only where it changes for its id.
     for key, idx in (("userName", uid), ("groupName", gid)):
         if _text(e, key):
             names["user" if key == "userName" else "group"][idx] = _text(e, key)
     header = gotar.Entry(
-        name=name, kind=kind, mode=_int(e, "mode"), uid=uid, gid=gid,
-        size=_int(e, "size") if kind == "reg" else 0, mtime=_mtime(_text(e, "modtime")),
+        name=name, kind=kind, mode=_count(e, "mode"), uid=uid, gid=gid,
+        size=_count(e, "size") if kind == "reg" else 0, mtime=_mtime(_text(e, "modtime")),
         linkname=_text(e, "linkName"), uname=names["user"].get(uid, ""),
-        gname=names["group"].get(gid, ""), devmajor=_int(e, "devMajor"),
-        devminor=_int(e, "devMinor"), xattrs=_xattrs(e))
+        gname=names["group"].get(gid, ""), devmajor=_count(e, "devMajor"),
+        devminor=_count(e, "devMinor"), xattrs=_xattrs(e))
     if kind != "reg" or header.size == 0:
         return TocEntry(header)
-    digest, offset = _text(e, "digest"), _int(e, "offset")
+    digest, offset = _text(e, "digest"), _count(e, "offset")
     if not DIGEST_RE.match(digest):
         raise Unusable(f"eStargz TOC entry {name!r} has no sha256 digest")
     if not 0 < offset < toc_offset:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 #: A sha256 digest as the TOCs write it.
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -66,3 +67,12 @@ def check_name(name: str, what: str) -> str:
     if ".." in name.split("/"):
         raise Unusable(f"{what}: entry name {name!r} climbs out with '..'")
     return name
+
+
+def toc_count(e: dict[str, Any], key: str, what: str) -> int:
+    """A TOC entry's non-negative integer ``key`` (0 when absent); ``what`` names the TOC
+    in the message."""
+    v = e.get(key, 0)
+    if type(v) is not int or v < 0:
+        raise Unusable(f"{what} entry {str(e.get('name'))[:100]!r}: {key} is not a count")
+    return v
