@@ -66,7 +66,7 @@ def images(target: Target, mb: int, n_layers: int, files: int,
     print(f"building v1 and v2: {mb} MiB in {n_layers} layers of {files} files, "
           "zstd:chunked by skopeo, and v2 with plain zstd ...", file=sys.stderr)
     refs: dict[str, str] = {}
-    tars: list[bytes] = []
+    v2_tars: list[bytes] = []
     for v in (1, 2):
         tars = app_layers(v, layers=n_layers, files=files, size=size, binary=0.25)
         skopeo_chunked(target.registry, build_image(tars, compression="none"),
@@ -75,7 +75,8 @@ def images(target: Target, mb: int, n_layers: int, files: int,
         if v == 2:
             push(target.registry, f"{REPO}-zstd", "v2", build_image(tars, compression="zstd"))
             refs["v2 zstd"] = f"{target.registry.host}/{REPO}-zstd:v2"
-    return refs, tars
+            v2_tars = tars
+    return refs, v2_tars
 
 
 def unpack_alone(tars: list[bytes], base: Path) -> float:

@@ -77,8 +77,7 @@ class FileIndex:
                     rows.setdefault(digest, []).append((layer, path, size))
         found: dict[str, list[Found]] = {}
         for digest, got in rows.items():
-            if len(got) > 1:
-                got.sort()
+            got.sort()
             found[digest] = [Found(*r) for r in got[:_PER_DIGEST]]
         return found
 

@@ -48,19 +48,22 @@ class Dirs:
     def open(self, root: str, path: str) -> int:
         """``path`` under ``root``, read-only, through no symlink (ELOOP where a component
         is one, ENOENT where it is missing)."""
-        rel = clean_name(path)
+        rel = clean_name(path)  # ".." clamped: only the root itself has no last name
         parent, _, base = rel.rpartition("/")
-        if base in ("", ".", ".."):
+        if not base:
             return open_no_symlinks(self._root(root), rel)
+        return os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=self._dir(root, parent))
+
+    def _dir(self, root: str, parent: str) -> int:
+        if not parent:
+            return self._root(root)
         dfd = self._dirs.get((root, parent))
         if dfd is None:
-            dfd = self._root(root) if not parent else open_no_symlinks_dir(self._root(root),
-                                                                           parent)
-            if parent:
-                self._dirs[(root, parent)] = dfd
-                if len(self._dirs) > self.KEEP:
-                    os.close(self._dirs.popitem(last=False)[1])
-        return os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            dfd = self._dirs[(root, parent)] = open_no_symlinks_dir(self._root(root), parent)
+            if len(self._dirs) > self.KEEP:
+                os.close(self._dirs.popitem(last=False)[1])
+        return dfd
 
     def _root(self, root: str) -> int:
         fd = self._roots.get(root)
@@ -284,16 +287,15 @@ class Reassembled:
         # What follows the contents in their span: nothing for zstd:chunked; for eStargz
         # the tar's headers up to the next file, which must be the ones the layout wrote
         # again from the TOC.
-        want = p.tail
         try:
-            rest = _read_upto(self._src, len(want) + 1)
+            rest = _read_upto(self._src, len(p.tail) + 1)
         except CODEC_ERRORS as e:
             raise DataLoss(f"{p.name}: its fetched data does not decompress: {e}") from None
         self._close_file()
         got = "sha256:" + self._hash.hexdigest()
         if got != p.digest:
             raise DataLoss(f"{p.name}: fetched data hashes to {got}, not {p.digest}")
-        if rest != want:
+        if rest != p.tail:
             raise DataLoss(f"{p.name}: the tar headers after it are not the ones its TOC "
                            "implies" if p.tail else f"{p.name}: fetched data holds more "
                            "than its size")
